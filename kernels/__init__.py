@@ -1,0 +1,12 @@
+"""Fused Triton kernels with PyTorch fallbacks, drop-in for the functions people already call.
+
+    causal_conv1d_fn   drop-in for causal_conv1d.causal_conv1d_fn
+    selective_scan_fn  drop-in for mamba_ssm's selective_scan_fn
+    chunk_delta_rule   drop-in for fla.ops.delta_rule.chunk_delta_rule
+
+This package imports torch and triton only, never mecheval.
+"""
+
+from kernels.backend import get_backend, set_backend, use_backend
+
+__all__ = ["get_backend", "set_backend", "use_backend"]

@@ -1,0 +1,88 @@
+"""Input checks shared by every kernel: the one place that validates kernel inputs.
+
+Each check raises before any kernel launches, with a message that names the op, the
+argument and the expected shape, e.g.
+
+    causal_conv1d_fn: weight must have shape (D, W) = (64, W), got (32, 4) (D: 32 != 64)
+"""
+
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# float64 runs on the PyTorch path only (used by gradcheck); Triton kernels take the three above.
+TORCH_DTYPES = (torch.float64, *FLOAT_DTYPES)
+
+
+def allowed_dtypes(backend: str) -> tuple[torch.dtype, ...]:
+    return FLOAT_DTYPES if backend == "triton" else TORCH_DTYPES
+
+
+def _dtype_names(dtypes: tuple[torch.dtype, ...]) -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def check_tensor(
+    op: str,
+    name: str,
+    t: object,
+    dims: str,
+    sizes: dict[str, int],
+    dtypes: tuple[torch.dtype, ...] = TORCH_DTYPES,
+) -> None:
+    """Check that `t` is a tensor of shape `dims` (space-separated names, e.g. "B D L").
+
+    `sizes` maps dimension names to sizes already known from other arguments; sizes of names
+    not yet in `sizes` are read off `t` and added, so later checks can compare against them.
+    """
+    names = dims.split()
+    layout = "(" + ", ".join(names) + ")"
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(
+            f"{op}: {name} must be a torch.Tensor of shape {layout}, got {type(t).__name__}"
+        )
+    if t.dtype not in dtypes:
+        raise TypeError(
+            f"{op}: {name} has dtype {str(t.dtype).removeprefix('torch.')}; "
+            f"expected one of {_dtype_names(dtypes)}"
+        )
+    if t.dim() != len(names):
+        raise ValueError(
+            f"{op}: {name} must have shape {layout}, "
+            f"got a {t.dim()}-d tensor of shape {tuple(t.shape)}"
+        )
+    mismatches = [
+        f"{n}: {got} != {sizes[n]}"
+        for n, got in zip(names, t.shape, strict=True)
+        if n in sizes and sizes[n] != got
+    ]
+    if mismatches:
+        expected = "(" + ", ".join(str(sizes.get(n, n)) for n in names) + ")"
+        raise ValueError(
+            f"{op}: {name} must have shape {layout} = {expected}, got {tuple(t.shape)} "
+            f"({'; '.join(mismatches)})"
+        )
+    for n, got in zip(names, t.shape, strict=True):
+        sizes.setdefault(n, got)
+
+
+def check_same_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
+    """All given tensors (None skipped) live on one device; return it."""
+    present = {k: v for k, v in tensors.items() if v is not None}
+    devices = {k: v.device for k, v in present.items()}
+    first = next(iter(devices.values()))
+    if any(d != first for d in devices.values()):
+        listed = ", ".join(f"{k} on {d}" for k, d in devices.items())
+        raise ValueError(f"{op}: all tensors must be on one device, got {listed}")
+    return first
+
+
+def check_choice(op: str, name: str, value: object, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{op}: {name} must be one of {choices}, got {value!r}")
+
+
+def check_range(op: str, name: str, value: int, low: int, high: int) -> None:
+    if not (low <= value <= high):
+        raise ValueError(f"{op}: {name} must be between {low} and {high}, got {value}")

@@ -1,0 +1,34 @@
+"""Packaging for mecheval: the `kernels` library (Triton ops with PyTorch fallbacks) and the
+`mecheval` package (tasks, models, training, interventions). CPU-only machines install
+everything but the `gpu` extra; nothing here needs a CUDA toolchain."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="mecheval",
+    version="0.1.0",
+    description="Fast mechanistic evaluation of Transformers and state space models",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["kernels", "kernels.*", "mecheval", "mecheval.*"]),
+    install_requires=[
+        "torch>=2.4",
+        "triton>=3.0; platform_system == 'Linux'",
+        "numpy>=1.24",
+        "pandas>=2.0",
+        "pyarrow>=14",
+        "safetensors>=0.4",
+        "pyyaml>=6",
+        "tqdm>=4.60",
+        "matplotlib>=3.7",
+    ],
+    extras_require={
+        # CUDA peers, compared against in benchmarks; they need a CUDA toolchain to build.
+        "gpu": ["causal-conv1d>=1.4", "mamba-ssm>=2.2", "flash-attn>=2.5"],
+        "test": ["pytest>=7", "pytest-benchmark>=4", "hypothesis>=6"],
+        "dist": ["ray>=2.9"],
+        "dev": ["ruff>=0.5"],
+    },
+    entry_points={"console_scripts": ["mecheval=mecheval.cli:main"]},
+)
