@@ -1,0 +1,89 @@
+"""On-disk cache of task datasets: one safetensors file per (task configuration, split, size).
+
+Files live in `cache_dir/tasks/` where `cache_dir` defaults to `$MECHEVAL_CACHE`, else
+`~/.cache/mecheval`. A file is written to a temporary name in the same folder and then moved
+into place with `os.replace`, so a reader never sees a half-written file and concurrent writers
+of the same dataset simply race to an identical result.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from mecheval.tasks.batch import POSITION_NAMES, Batch
+
+CACHE_ENV_VAR = "MECHEVAL_CACHE"
+
+
+def default_cache_dir() -> Path:
+    """`$MECHEVAL_CACHE` if set and non-empty, else `~/.cache/mecheval`."""
+    configured = os.environ.get(CACHE_ENV_VAR)
+    return Path(configured) if configured else Path.home() / ".cache" / "mecheval"
+
+
+def _compact_dtype(tensor: torch.Tensor) -> torch.dtype:
+    """The smallest signed integer dtype holding every value (ids are small; saves disk)."""
+    if tensor.numel() == 0:
+        return torch.int16
+    low, high = int(tensor.min()), int(tensor.max())
+    for dtype in (torch.int16, torch.int32):
+        info = torch.iinfo(dtype)
+        if info.min <= low and high <= info.max:
+            return dtype
+    return torch.int64
+
+
+def save_batch(path: Path, batch: Batch, metadata: dict[str, str]) -> None:
+    """Write `batch` to `path` atomically (temporary file in the same folder, then `os.replace`).
+
+    Args:
+        path: destination `.safetensors` file; its folder is created if missing.
+        batch: the documents; stored on CPU, tokens in the smallest integer dtype that fits.
+        metadata: string key/values stored in the file header (e.g. the task configuration).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {
+        "tokens": batch.tokens,
+        "answers": batch.answers,
+        "lengths": batch.lengths,
+        **{f"positions.{name}": batch.positions[name] for name in POSITION_NAMES},
+    }
+    tensors = {
+        name: tensor.detach().cpu().to(_compact_dtype(tensor)).contiguous()
+        for name, tensor in tensors.items()
+    }
+    descriptor, temporary = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    os.close(descriptor)
+    try:
+        save_file(tensors, temporary, metadata=metadata)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def load_batch(path: Path) -> tuple[Batch, dict[str, str]] | None:
+    """Read a batch written by `save_batch`; None if the file is missing or unreadable.
+
+    Returns:
+        `(batch, metadata)` with every tensor converted back to int64 on CPU.
+    """
+    try:
+        with safe_open(path, framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+        batch = Batch(
+            tokens=tensors["tokens"].long(),
+            answers=tensors["answers"].long(),
+            lengths=tensors["lengths"].long(),
+            positions={name: tensors[f"positions.{name}"].long() for name in POSITION_NAMES},
+        )
+    except (OSError, KeyError, ValueError, TypeError, SafetensorError):
+        return None
+    return batch, metadata
