@@ -45,9 +45,8 @@ class Batch:
             raise ValueError(f"tokens must be 2-D (n, L), got shape {tuple(self.tokens.shape)}")
         n = self.tokens.shape[0]
         if set(self.positions) != set(POSITION_NAMES):
-            raise ValueError(
-                f"positions must have exactly the keys {POSITION_NAMES}, got {sorted(self.positions)}"
-            )
+            got = sorted(self.positions)
+            raise ValueError(f"positions must have exactly the keys {POSITION_NAMES}, got {got}")
         named = {"answers": self.answers, "lengths": self.lengths} | {
             f"positions[{name!r}]": self.positions[name] for name in POSITION_NAMES
         }
@@ -131,8 +130,7 @@ def concat_batches(batches: Sequence[Batch]) -> Batch:
         tokens=torch.cat(padded),
         answers=torch.cat([batch.answers for batch in batches]),
         positions={
-            name: torch.cat([batch.positions[name] for batch in batches])
-            for name in POSITION_NAMES
+            name: torch.cat([batch.positions[name] for batch in batches]) for name in POSITION_NAMES
         },
         lengths=torch.cat([batch.lengths for batch in batches]),
     )
