@@ -1,0 +1,192 @@
+"""Associative recall: document format, answers, positions, holdout, determinism, corruption.
+
+Every check walks documents in plain Python and compares with the SPEC's definition.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from mecheval.tasks import AssociativeRecall, make_task
+from tests.tasks.oracles import pair_score
+
+K = 4096
+FIRST_VALUE = 3 + K
+
+
+def pairs_of(row: list[int], num_pairs: int = 16) -> list[tuple[int, int]]:
+    return [(row[1 + 2 * j], row[2 + 2 * j]) for j in range(num_pairs)]
+
+
+@pytest.fixture(scope="module")
+def ar_batch():
+    return make_task("ar").sample(600, seed=3)
+
+
+def test_vocabulary_and_layout_constants():
+    task = make_task("ar")
+    assert (task.PAD, task.BOS, task.EOS) == (0, 1, 2)
+    assert task.vocab_size == 8195
+    assert task.replacement_range("key") == (3, 4099)
+    assert task.replacement_range("value") == (4099, 8195)
+
+
+def test_format_bos_eos_and_token_ranges(ar_batch):
+    tokens = ar_batch.tokens
+    assert tokens.shape == (600, 37) and tokens.dtype == torch.long
+    assert (tokens[:, 0] == 1).all() and (tokens[:, 33] == 2).all() and (tokens[:, 36] == 2).all()
+    assert (ar_batch.lengths == 37).all()
+    keys, values = tokens[:, 1:33:2], tokens[:, 2:33:2]
+    assert ((keys >= 3) & (keys < FIRST_VALUE)).all()
+    assert ((values >= FIRST_VALUE) & (values < 8195)).all()
+    # No special token inside the pairs or the query.
+    assert (tokens[:, 1:33] > 2).all() and (tokens[:, 34:36] > 2).all()
+
+
+def test_keys_distinct_and_values_distinct_within_each_document(ar_batch):
+    for row in ar_batch.tokens.tolist():
+        pairs = pairs_of(row)
+        assert len({k for k, _ in pairs}) == 16
+        assert len({v for _, v in pairs}) == 16
+
+
+def test_answer_is_the_value_of_the_queried_key_and_positions_agree(ar_batch):
+    for i, row in enumerate(ar_batch.tokens.tolist()):
+        query, answer = row[34], row[35]
+        mapping = dict(pairs_of(row))
+        assert answer == mapping[query] == int(ar_batch.answers[i])
+        key_position = row.index(query)
+        assert int(ar_batch.positions["key"][i]) == key_position
+        assert int(ar_batch.positions["value"][i]) == key_position + 1
+        assert row[key_position + 1] == answer
+    fixed = {"divider": 33, "query": 34, "answer": 35}
+    for name, column in fixed.items():
+        assert (ar_batch.positions[name] == column).all()
+
+
+def test_query_pair_and_contents_look_uniform(ar_batch):
+    big = make_task("ar").sample(8000, seed=11)
+    queried_pair = ((big.positions["key"] - 1) // 2).numpy()
+    counts = np.bincount(queried_pair, minlength=16)
+    expected = 8000 / 16
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    assert chi2 < 45  # 15 degrees of freedom; p ~ 1e-4
+    keys = big.tokens[:, 1:33:2].double() - 3
+    assert abs(keys.mean().item() - (K - 1) / 2) < 5 * (K / 12**0.5) / (keys.numel() ** 0.5)
+
+
+def test_value_first_queries_ask_for_the_key_of_a_value():
+    task = make_task("ar", query="value")
+    batch = task.sample(300, seed=0)
+    for i, row in enumerate(batch.tokens.tolist()):
+        query, answer = row[34], row[35]
+        assert query >= FIRST_VALUE and 3 <= answer < FIRST_VALUE
+        inverse = {v: k for k, v in pairs_of(row)}
+        assert answer == inverse[query] == int(batch.answers[i])
+        assert row[int(batch.positions["key"][i])] == answer
+        assert row[int(batch.positions["value"][i])] == query
+
+
+def test_other_sizes_follow_the_same_layout():
+    task = make_task("ar", num_pairs=4, num_keys=6)
+    batch = task.sample(500, seed=1)
+    assert batch.tokens.shape == (500, 13) and task.vocab_size == 15
+    for row in batch.tokens.tolist():
+        pairs = pairs_of(row, 4)
+        assert len({k for k, _ in pairs}) == 4 and len({v for _, v in pairs}) == 4
+        assert dict(pairs)[row[10]] == row[11] and row[9] == row[12] == 2
+
+
+def test_determinism_seeds_splits_and_prefixes():
+    task = make_task("ar")
+    first = task.sample(100, seed=5)
+    assert first.equals(task.sample(100, seed=5))
+    assert first.equals(make_task("ar").sample(100, seed=5))
+    assert not torch.equal(first.tokens, task.sample(100, seed=6).tokens)
+    assert not torch.equal(first.tokens, task.sample(100, seed=5, split="dev").tokens)
+    assert not torch.equal(first.tokens, task.sample(100, seed=5, split="test").tokens)
+    assert first.equals(task.sample(5000, seed=5)[:100])  # a stream, not a size-dependent draw
+    assert not torch.equal(first.tokens, make_task("ar", query="value").sample(100, 5).tokens)
+
+
+def held_out(task: AssociativeRecall, key_token: int, value_token: int) -> bool:
+    holdout = task.pairs_held_out
+    return pair_score(holdout, key_token - 3, value_token - FIRST_VALUE) < int(holdout.threshold)
+
+
+def test_holdout_train_and_dev_never_contain_a_held_out_pair_and_test_queries_one():
+    task = make_task("ar", holdout=0.2)
+    seen_in_training = set()
+    for split in ("train", "dev"):
+        for row in task.sample(250, seed=2, split=split).tokens.tolist():
+            for key, value in pairs_of(row):
+                assert not held_out(task, key, value)
+                seen_in_training.add((key, value))
+    test = task.sample(250, seed=2, split="test")
+    queried = set()
+    unrestricted_held = 0
+    for row in test.tokens.tolist():
+        query, answer = row[34], row[35]
+        assert held_out(task, query, answer)
+        queried.add((query, answer))
+        unrestricted_held += sum(held_out(task, k, v) for k, v in pairs_of(row))
+    assert not queried & seen_in_training
+    # Other pairs of a test document are unrestricted: about 20% of 15 per document are held out.
+    assert 250 * 15 * 0.15 < unrestricted_held - 250 < 250 * 15 * 0.25
+    for row in test.tokens.tolist():
+        pairs = pairs_of(row)
+        assert len({k for k, _ in pairs}) == 16 and len({v for _, v in pairs}) == 16
+
+
+def test_holdout_value_first_applies_to_key_value_pairs():
+    task = make_task("ar", holdout=0.2, query="value")
+    for row in task.sample(100, seed=0, split="test").tokens.tolist():
+        assert held_out(task, row[35], row[34])
+
+
+def test_corrupt_changes_exactly_the_named_token_within_its_range(ar_batch):
+    task = make_task("ar")
+    for at, (low, high) in [("key", (3, FIRST_VALUE)), ("value", (FIRST_VALUE, 8195))]:
+        corrupted = task.corrupt(ar_batch, at=at, seed=0)
+        assert corrupted.shape == ar_batch.tokens.shape and corrupted.dtype == torch.long
+        changed = corrupted != ar_batch.tokens
+        assert (changed.sum(1) == 1).all()
+        rows = torch.arange(len(ar_batch))
+        column = ar_batch.positions[at]
+        assert changed[rows, column].all()
+        new = corrupted[rows, column]
+        assert ((new >= low) & (new < high)).all()
+        assert torch.equal(corrupted, task.corrupt(ar_batch, at=at, seed=0))
+        assert not torch.equal(corrupted, task.corrupt(ar_batch, at=at, seed=1))
+    assert ar_batch.tokens[0, 0] == 1  # the batch itself is untouched
+
+
+def test_corrupt_replacements_cover_the_range_uniformly():
+    task = make_task("ar", num_pairs=2, num_keys=4)
+    batch = task.sample(4000, seed=0)
+    corrupted = task.corrupt(batch, at="key", seed=3)
+    rows = torch.arange(len(batch))
+    original = batch.tokens[rows, batch.positions["key"]]
+    new = corrupted[rows, batch.positions["key"]]
+    for token in range(3, 7):
+        # Given the original, the 3 other keys are equally likely.
+        picks = new[original == token]
+        counts = torch.bincount(picks - 3, minlength=4).double()
+        assert counts[token - 3] == 0
+        others = counts[torch.arange(4) != token - 3]
+        expected = others.sum() / 3
+        assert (((others - expected) ** 2) / expected).sum() < 20
+
+
+def test_corrupt_refuses_bad_positions_and_foreign_batches(ar_batch):
+    task = make_task("ar")
+    with pytest.raises(ValueError, match="at"):
+        task.corrupt(ar_batch, at="query", seed=0)
+    with pytest.raises(ValueError, match="outside"):
+        make_task("ar", num_keys=100).corrupt(ar_batch, at="key", seed=0)
+
+
+def test_format_names_tokens():
+    task = make_task("ar", num_pairs=2, num_keys=10)
+    text = task.format(torch.tensor([1, 3, 13, 12, 22, 2, 12, 22, 2, 0, 0]))
+    assert text == "BOS k0 v0 k9 v9 EOS k9 v9 EOS"
