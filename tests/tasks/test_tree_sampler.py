@@ -40,14 +40,16 @@ def fast_sentences(grammar, max_length, count, seed):
 
 
 def shape_statistics(sentences):
-    """Per-sentence length, mean child-parent distance, share of tokens that are heads."""
-    lengths, distances, head_shares = [], [], []
+    """Per sentence: length, mean child-parent distance, share of tokens that are heads, and
+    the terminals of the root and of the first token (sensitive to the head distributions)."""
+    stats = {name: [] for name in ("length", "distance", "head_share", "root", "first")}
     for terminals, parents, *_ in sentences:
-        lengths.append(len(terminals))
-        distances.append(np.mean([p - i for i, p in enumerate(parents) if p >= 0]))
-        children = {p for p in parents if p >= 0}
-        head_shares.append(len(children) / len(terminals))
-    return {"length": lengths, "distance": distances, "head_share": head_shares}
+        stats["length"].append(len(terminals))
+        stats["distance"].append(np.mean([p - i for i, p in enumerate(parents) if p >= 0]))
+        stats["head_share"].append(len({p for p in parents if p >= 0}) / len(terminals))
+        stats["root"].append(terminals[-1])
+        stats["first"].append(terminals[0])
+    return stats
 
 
 @pytest.mark.parametrize("max_rhs_len, num_terminals", [(5, 20), (10, 20), (10, 8192)])
@@ -134,15 +136,18 @@ def test_choose_queries_matches_the_reference_choice(restrict):
 def test_query_choice_is_uniform_over_targets_then_children():
     # Sentence: positions 0,1,2 are children of 3; 3 and 4 children of 5 (the root).
     parents = np.array([3, 3, 3, 5, 5, -1])
-    sentence_ids = np.zeros(6, dtype=np.int64)
-    eligible = parents >= 0
-    rng = np.random.default_rng(0)
     draws = 60_000
-    chosen = [
-        choose_queries(sentence_ids, parents, eligible, 1, rng.random(1), rng.random(1))[0]
-        for _ in range(draws)
-    ]
-    counts = np.bincount(chosen, minlength=6)
+    sentence_ids = np.repeat(np.arange(draws), 6)
+    rng = np.random.default_rng(0)
+    chosen = choose_queries(
+        sentence_ids,
+        np.tile(parents, draws),
+        np.tile(parents >= 0, draws),
+        draws,
+        rng.random(draws),
+        rng.random(draws),
+    )
+    counts = np.bincount(chosen - 6 * np.arange(draws), minlength=6)
     # Target 3 or 5 with 1/2 each; then children uniformly: 1/6, 1/6, 1/6, 1/4, 1/4.
     expected = draws * np.array([1 / 6, 1 / 6, 1 / 6, 1 / 4, 1 / 4, 0])
     assert counts[5] == 0
