@@ -1,0 +1,220 @@
+"""The GPU check: run the GPU tests (bf16 included) and every benchmark, and write one JSON
+of every figure (GPU name, torch and triton versions, test outcomes, benchmark timings).
+
+    python benchmarks/gpu_run.py --out DIR [--budget-s 450] [--tests tests/kernels ...]
+
+Made to finish inside a short GPU lease: each stage has a time limit and the JSON is written
+after every stage, so a stage that overruns still leaves the figures of the others. On a
+machine without CUDA it runs the same stages on CPU (a dry run of the script itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_TESTS = ["tests/kernels", "tests/models"]
+
+
+def environment() -> dict:
+    import torch
+
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda_available": torch.cuda.is_available(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(
+            gpu=props.name,
+            compute_capability=f"{props.major}.{props.minor}",
+            multiprocessors=props.multi_processor_count,
+            memory_gib=round(props.total_memory / 2**30, 1),
+            cuda=torch.version.cuda,
+        )
+        try:
+            smi = [
+                "nvidia-smi",
+                "--query-gpu=driver_version,clocks.max.sm",
+                "--format=csv,noheader",
+            ]
+            info["nvidia_smi"] = subprocess.run(
+                smi, capture_output=True, text=True, timeout=20
+            ).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    from benchmarks.common import measure_copy_bandwidth
+
+    info["copy_GB/s"] = round(measure_copy_bandwidth(), 1)
+    return info
+
+
+def _pytest(args: list[str], timeout_s: float) -> tuple[int, float]:
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    start = time.time()
+    try:
+        rc = subprocess.run(
+            [sys.executable, "-m", "pytest", *args], cwd=REPO, env=env, timeout=timeout_s
+        ).returncode
+    except subprocess.TimeoutExpired:
+        rc = -9
+    return rc, round(time.time() - start, 1)
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def run_tests(paths: list[str], out: Path, timeout_s: float) -> dict:
+    junit = out / "tests.xml"
+    args = [
+        *paths,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit}",
+        "-o",
+        "junit_family=xunit1",
+    ]
+    if _has("xdist"):
+        args += ["-n", "8"]  # Triton compiles each specialisation on the CPU: spread them out
+    rc, seconds = _pytest(args, timeout_s)
+    result: dict = {"paths": paths, "returncode": rc, "seconds": seconds}
+    if not junit.exists():
+        result["error"] = "no junit report (timed out or crashed)"
+        return result
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    failures = []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if bad is not None:
+            counts["failed"] += 1
+            failures.append({"test": name, "message": (bad.get("message") or "")[:600]})
+        elif case.find("skipped") is not None:
+            counts["skipped"] += 1
+        else:
+            counts["passed"] += 1
+    result.update(counts, failures=failures[:60])
+    return result
+
+
+def run_benchmarks(out: Path, timeout_s: float) -> dict:
+    raw = out / "benchmarks_raw.json"
+    args = [
+        "benchmarks",
+        "--benchmark-only",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--benchmark-json={raw}",
+        "--benchmark-max-time=0.25",
+        "--benchmark-min-rounds=5",
+    ]
+    rc, seconds = _pytest(args, timeout_s)
+    result: dict = {"returncode": rc, "seconds": seconds, "figures": []}
+    if not raw.exists():
+        result["error"] = "no benchmark report (timed out or crashed)"
+        return result
+    for b in json.loads(raw.read_text())["benchmarks"]:
+        stats = b["stats"]
+        result["figures"].append(
+            {
+                "group": b["group"],
+                "name": b["name"],
+                "median_s": stats["median"],
+                "min_s": stats["min"],
+                "rounds": stats["rounds"],
+                **b.get("extra_info", {}),
+            }
+        )
+    return result
+
+
+def ratios(figures: list[dict]) -> list[dict]:
+    """Within each benchmark group: every implementation's time relative to ours."""
+    groups: dict[str, list[dict]] = {}
+    for f in figures:
+        groups.setdefault(f["group"], []).append(f)
+    rows = []
+    for group, members in groups.items():
+        ours = [m for m in members if str(m.get("impl", "")).startswith("ours")]
+        for base in ours:
+            for other in members:
+                if other is base:
+                    continue
+                rows.append(
+                    {
+                        "group": group,
+                        "ours": base.get("impl"),
+                        "vs": other.get("impl", other["name"]),
+                        "speedup": round(other["median_s"] / base["median_s"], 3),
+                    }
+                )
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--budget-s", type=float, default=450, help="whole-run time limit")
+    parser.add_argument("--tests", nargs="*", default=DEFAULT_TESTS)
+    parser.add_argument("--skip-benchmarks", action="store_true")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(REPO))
+    start = time.time()
+    results: dict = {"environment": environment()}
+    path = args.out / "gpu_results.json"
+
+    def save() -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(results, indent=1))
+        tmp.replace(path)
+
+    save()
+    left = lambda: args.budget_s - (time.time() - start)  # noqa: E731
+    results["tests"] = run_tests(args.tests, args.out, timeout_s=0.5 * left())
+    save()
+    if not args.skip_benchmarks:
+        results["benchmarks"] = run_benchmarks(args.out, timeout_s=left() - 10)
+        results["ratios"] = ratios(results["benchmarks"]["figures"])
+        save()
+    results["seconds"] = round(time.time() - start, 1)
+    save()
+
+    env = results["environment"]
+    gpu = env.get("gpu", "cpu")
+    print(f"\n{gpu} torch {env['torch']} triton {env['triton']} copy {env['copy_GB/s']} GB/s")
+    t = results["tests"]
+    counts = ", ".join(f"{t.get(k)} {k}" for k in ("passed", "failed", "skipped"))
+    print(f"tests: {counts} in {t['seconds']} s")
+    for f in t.get("failures", [])[:15]:
+        print(f"  FAIL {f['test']}: {f['message'][:160]}")
+    for f in results.get("benchmarks", {}).get("figures", []):
+        impl = str(f.get("impl"))[:18]
+        ms = f["median_s"] * 1e3
+        print(f"  {f['group'][:60]:60s} {impl:18s} {ms:10.3f} ms {f.get('GB/s', '')} GB/s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
