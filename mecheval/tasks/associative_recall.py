@@ -21,8 +21,9 @@ fraction h of the K*K pairs. Train and dev documents contain no held-out pair at
 document's queried pair is held out, its other pairs are unrestricted. Keys are uniform without
 replacement; given the keys, values are uniform over the allowed assignments with distinct
 values (coordinate-wise rejection for the pair constraint, then row rejection for
-distinctness). With `holdout = 0` the three splits are independent streams of one
-distribution.
+distinctness). A test document's queried pair is uniform over the held-out pairs and its
+other keys and values are uniform and distinct. With `holdout = 0` the three splits are
+independent streams of one distribution.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from mecheval.tasks.holdout import PairHoldout
 BLOCK_SIZE = 4096
 """Documents per generated block (the unit of the seeded stream)."""
 MAX_REJECTION_ROUNDS = 10_000
-_ANY, _ALLOWED, _HELD_OUT = 0, 1, 2
 
 
 def has_duplicate_in_row(values: np.ndarray) -> np.ndarray:
@@ -172,12 +172,11 @@ class AssociativeRecall(Task):
         queried = rng.integers(0, pairs, size=rows)
         if self.pairs_held_out is None:
             values = sample_distinct_rows(rng, rows, pairs, self.num_keys)
+        elif split == "test":
+            values = sample_distinct_rows(rng, rows, pairs, self.num_keys)
+            self._place_held_out_pairs(rng, keys, values, queried)
         else:
-            constraint = np.full((rows, pairs), _ALLOWED, dtype=np.int8)
-            if split == "test":
-                constraint[:] = _ANY
-                constraint[np.arange(rows), queried] = _HELD_OUT
-            values = self._sample_constrained_values(rng, keys, constraint)
+            values = self._sample_allowed_values(rng, keys)
 
         tokens = np.empty((rows, self.length), dtype=np.int64)
         tokens[:, 0] = self.BOS
@@ -209,14 +208,14 @@ class AssociativeRecall(Task):
             lengths=column(self.length),
         )
 
-    def _sample_constrained_values(
-        self, rng: np.random.Generator, keys: np.ndarray, constraint: np.ndarray
-    ) -> np.ndarray:
-        """Distinct values per row such that each (key, value) pair meets its constraint.
+    def _sample_allowed_values(self, rng: np.random.Generator, keys: np.ndarray) -> np.ndarray:
+        """Distinct values per row with no (key, value) pair held out.
+
+        Each coordinate is redrawn until its pair is allowed (uniform over the key's allowed
+        values), then rows that repeat a value are redrawn whole.
 
         Args:
             keys: `(rows, P)` key indices.
-            constraint: `(rows, P)` int8, `_ANY`, `_ALLOWED` (not held out) or `_HELD_OUT`.
 
         Returns:
             `(rows, P)` value indices.
@@ -226,20 +225,53 @@ class AssociativeRecall(Task):
         for _ in range(MAX_REJECTION_ROUNDS):
             if todo_rows.size == 0:
                 return values
-            part_keys, part_constraint = keys[todo_rows], constraint[todo_rows]
+            part_keys = keys[todo_rows]
             part = rng.integers(0, self.num_keys, size=part_keys.shape)
-            bad = self._violates(part_keys, part, part_constraint)
-            for _ in range(MAX_REJECTION_ROUNDS):
+            bad = self.pairs_held_out.is_held_out(part_keys, part)
+            # A coordinate is accepted with probability about 1 - h per round; this bound makes
+            # a failure (probability ~exp(-50) per coordinate) a real anomaly.
+            for _ in range(max(MAX_REJECTION_ROUNDS, int(50 / (1 - self.holdout)))):
                 if not bad.any():
                     break
                 part[bad] = rng.integers(0, self.num_keys, size=int(bad.sum()))
-                bad[bad] = self._violates(part_keys[bad], part[bad], part_constraint[bad])
+                bad[bad] = self.pairs_held_out.is_held_out(part_keys[bad], part[bad])
             else:
-                raise RuntimeError("AR holdout: could not draw values meeting the held-out split")
+                raise RuntimeError("AR holdout: could not draw values outside the held-out pairs")
             values[todo_rows] = part
             todo_rows = todo_rows[has_duplicate_in_row(part)]
         raise RuntimeError("AR holdout: could not draw distinct values for some documents")
 
-    def _violates(self, keys: np.ndarray, values: np.ndarray, constraint: np.ndarray) -> np.ndarray:
-        held = self.pairs_held_out.is_held_out(keys, values)
-        return ((constraint == _ALLOWED) & held) | ((constraint == _HELD_OUT) & ~held)
+    def _place_held_out_pairs(
+        self, rng: np.random.Generator, keys: np.ndarray, values: np.ndarray, queried: np.ndarray
+    ) -> None:
+        """Make the queried pair of each row a held-out pair, uniform over held-out pairs; the
+        other keys and values stay uniform and distinct (rows that collide are redrawn).
+
+        Args:
+            keys, values: `(rows, P)` index arrays, modified in place.
+            queried: `(rows,)` index of the queried pair in each row.
+        """
+        rows = np.arange(keys.shape[0])
+        pair_keys = np.empty(len(rows), dtype=np.int64)
+        pair_values = np.empty(len(rows), dtype=np.int64)
+        todo = rows
+        # Pairs are accepted with probability about h per round.
+        for _ in range(max(MAX_REJECTION_ROUNDS, int(50 / self.holdout))):
+            if todo.size == 0:
+                break
+            pair_keys[todo] = rng.integers(0, self.num_keys, size=todo.size)
+            pair_values[todo] = rng.integers(0, self.num_keys, size=todo.size)
+            todo = todo[~self.pairs_held_out.is_held_out(pair_keys[todo], pair_values[todo])]
+        else:
+            raise RuntimeError("AR holdout: could not draw held-out pairs to query")
+        for array, chosen in ((keys, pair_keys), (values, pair_values)):
+            array[rows, queried] = chosen
+            todo = rows[has_duplicate_in_row(array)]
+            for _ in range(MAX_REJECTION_ROUNDS):
+                if todo.size == 0:
+                    break
+                array[todo] = rng.integers(0, self.num_keys, size=(todo.size, array.shape[1]))
+                array[todo, queried[todo]] = chosen[todo]
+                todo = todo[has_duplicate_in_row(array[todo])]
+            else:
+                raise RuntimeError("AR holdout: could not draw distinct items around the query")

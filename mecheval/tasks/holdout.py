@@ -11,6 +11,7 @@ AR holds out (key, value) pairs and ATR holds out (parent, child) terminal pairs
   400 pairs of the 20-terminal ATR at 20%); for larger `N` they are the pairs with
   `h(i) < fraction * 2**64`, a pseudo-random subset whose size is within a few `sqrt(N)` of
   `m` (relative error below 0.1% for the AR and 8192-terminal spaces).
+- When `m = 0` no pair is held out.
 
 Membership is a vectorised O(1) test per pair; no table of pairs is kept.
 """
@@ -67,13 +68,12 @@ class PairHoldout:
         if not 0.0 <= self.fraction < 1.0:
             raise ValueError(f"holdout fraction must be in [0, 1), got {self.fraction}")
         num_pairs = self.num_left * self.num_right
-        if num_pairs <= EXACT_SELECTION_MAX_PAIRS:
-            count = round(self.fraction * num_pairs)
-            if count == 0:
-                threshold = np.uint64(0)
-            else:
-                scores = self._scores(np.arange(num_pairs, dtype=np.uint64))
-                threshold = np.partition(scores, count - 1)[count - 1] + np.uint64(1)
+        count = round(self.fraction * num_pairs)
+        if count == 0:
+            threshold = np.uint64(0)
+        elif num_pairs <= EXACT_SELECTION_MAX_PAIRS:
+            scores = self._scores(np.arange(num_pairs, dtype=np.uint64))
+            threshold = np.partition(scores, count - 1)[count - 1] + np.uint64(1)
         else:
             threshold = np.uint64(min(int(self.fraction * 2.0**64), 2**64 - 1))
         object.__setattr__(self, "threshold", threshold)

@@ -190,3 +190,15 @@ def test_format_names_tokens():
     task = make_task("ar", num_pairs=2, num_keys=10)
     text = task.format(torch.tensor([1, 3, 13, 12, 22, 2, 12, 22, 2, 0, 0]))
     assert text == "BOS k0 v0 k9 v9 EOS k9 v9 EOS"
+
+
+def test_small_holdout_fractions_still_sample_every_split():
+    """Even when some keys have no held-out value, test queries draw from held-out pairs."""
+    task = make_task("ar", holdout=0.0005)
+    test = task.sample(300, seed=0, split="test")
+    for row in test.tokens.tolist():
+        assert held_out(task, row[34], row[35])
+        pairs = pairs_of(row)
+        assert len({k for k, _ in pairs}) == 16 and len({v for _, v in pairs}) == 16
+    for row in task.sample(100, seed=0, split="train").tokens.tolist():
+        assert not any(held_out(task, k, v) for k, v in pairs_of(row))
