@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from mecheval.tasks.batch import Batch
-from mecheval.tasks.dataset_cache import default_cache_dir, load_batch, save_batch
+from mecheval.tasks.dataset_cache import CACHE_FORMAT, default_cache_dir, load_batch, save_batch
 
 Split = Literal["train", "dev", "test"]
 SPLITS: tuple[str, ...] = ("train", "dev", "test")
@@ -226,6 +226,7 @@ class Task(ABC):
             "size": str(size),
             "seed": str(DATASET_SEED),
             "generator_version": str(GENERATOR_VERSION),
+            "format": CACHE_FORMAT,
         }
         loaded = load_batch(path)
         if loaded is not None and loaded[1] == metadata and len(loaded[0]) == size:

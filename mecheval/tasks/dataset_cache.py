@@ -4,6 +4,10 @@ Files live in `cache_dir/tasks/` where `cache_dir` defaults to `$MECHEVAL_CACHE`
 `~/.cache/mecheval`. A file is written to a temporary name in the same folder and then moved
 into place with `os.replace`, so a reader never sees a half-written file and concurrent writers
 of the same dataset simply race to an identical result.
+
+Tokens are stored packed (each document's first `length` tokens, concatenated) in the smallest
+integer dtype that holds them: ATR documents vary from a few to 1,000+ tokens, so a padded
+int64 matrix would be mostly padding.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from safetensors.torch import save_file
 from mecheval.tasks.batch import POSITION_NAMES, Batch
 
 CACHE_ENV_VAR = "MECHEVAL_CACHE"
+CACHE_FORMAT = "packed-1"
+"""Stored in each file's metadata; files of another format are regenerated."""
 
 
 def default_cache_dir() -> Path:
@@ -44,12 +50,15 @@ def save_batch(path: Path, batch: Batch, metadata: dict[str, str]) -> None:
 
     Args:
         path: destination `.safetensors` file; its folder is created if missing.
-        batch: the documents; stored on CPU, tokens in the smallest integer dtype that fits.
+        batch: the documents; stored on CPU, tokens packed (padding dropped) in the smallest
+            integer dtype that holds them. Padding columns beyond the longest document are not
+            kept: the batch reads back trimmed.
         metadata: string key/values stored in the file header (e.g. the task configuration).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
+    inside = torch.arange(batch.width, device=batch.device) < batch.lengths[:, None]
     tensors = {
-        "tokens": batch.tokens,
+        "packed_tokens": batch.tokens[inside],
         "answers": batch.answers,
         "lengths": batch.lengths,
         **{f"positions.{name}": batch.positions[name] for name in POSITION_NAMES},
@@ -78,12 +87,16 @@ def load_batch(path: Path) -> tuple[Batch, dict[str, str]] | None:
         with safe_open(path, framework="pt") as handle:
             metadata = handle.metadata() or {}
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+        lengths = tensors["lengths"].long()
+        width = int(lengths.max()) if len(lengths) else 0
+        tokens = torch.zeros(len(lengths), width, dtype=torch.long)
+        tokens[torch.arange(width) < lengths[:, None]] = tensors["packed_tokens"].long()
         batch = Batch(
-            tokens=tensors["tokens"].long(),
+            tokens=tokens,
             answers=tensors["answers"].long(),
-            lengths=tensors["lengths"].long(),
+            lengths=lengths,
             positions={name: tensors[f"positions.{name}"].long() for name in POSITION_NAMES},
         )
-    except (OSError, KeyError, ValueError, TypeError, SafetensorError):
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError, SafetensorError):
         return None
     return batch, metadata

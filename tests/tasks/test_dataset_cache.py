@@ -1,5 +1,6 @@
 """Fixed datasets: equal to the seeded sample, cached atomically on disk and reused."""
 
+import json
 import os
 
 import pytest
@@ -77,3 +78,17 @@ def test_write_is_atomic_on_failure(tmp_path, monkeypatch):
         make_task("ar").dataset("dev", size=10, cache_dir=tmp_path)
     assert cached_files(tmp_path) == []
     assert not any(name.endswith(".tmp") for name in os.listdir(tmp_path / "tasks"))
+
+
+def test_files_store_documents_packed_in_a_small_dtype(tmp_path):
+    from safetensors import safe_open
+
+    task = make_task("atr", max_rhs_len=10, num_terminals=20)
+    batch = task.dataset("train", size=500, cache_dir=tmp_path)
+    (path,) = cached_files(tmp_path)
+    with safe_open(path, framework="pt") as handle:
+        packed = handle.get_tensor("packed_tokens")
+        assert json.loads(handle.metadata()["config"]) == task.config()
+    assert packed.dtype == torch.int16 and packed.numel() == int(batch.lengths.sum())
+    inside = torch.arange(batch.width) < batch.lengths[:, None]
+    assert torch.equal(packed.long(), batch.tokens[inside])
