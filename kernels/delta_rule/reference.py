@@ -1,0 +1,57 @@
+"""The delta rule (DeltaNet) written for clarity, as its per-step recurrence: the test oracle.
+
+Per batch row and head, with a (K, V) matrix memory S:
+
+    u_t = beta_t * (v_t - S_{t-1}^T k_t)     # the error between the value and what S recalls
+    S_t = S_{t-1} + k_t u_t^T                # write the correction under key k_t
+    o_t = S_t^T (scale * q_t)                # read with the query, after the write
+
+S_0 is `initial_state` (or zero); scale defaults to K ** -0.5.
+"""
+
+from __future__ import annotations
+
+import torch
+
+L2NORM_EPS = 1e-6
+
+
+def l2_normalize(x: torch.Tensor) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last dimension (fla's `l2norm`), in x's dtype."""
+    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def delta_rule_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q, k (B, T, H, K); v (B, T, H, V); beta (B, T, H); initial_state (B, H, K, V).
+
+    Computes in float32 (float64 stays float64). Returns o (B, T, H, V) in q's dtype and, with
+    `output_final_state`, the state after the last step (B, H, K, V) in the compute dtype.
+    """
+    out_dtype = q.dtype
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if scale is None:
+        scale = K**-0.5
+    q, k, v, beta = (t.to(compute) for t in (q, k, v, beta))
+    if use_qk_l2norm_in_kernel:
+        q, k = l2_normalize(q), l2_normalize(k)
+    S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(compute)
+    outputs = []
+    for t in range(T):
+        k_t, v_t, q_t, beta_t = k[:, t], v[:, t], q[:, t], beta[:, t, :, None]
+        recalled = torch.einsum("bhk,bhkv->bhv", k_t, S)
+        u_t = beta_t * (v_t - recalled)
+        S = S + k_t[..., :, None] * u_t[..., None, :]
+        outputs.append(torch.einsum("bhk,bhkv->bhv", scale * q_t, S))
+    o = torch.stack(outputs, dim=1).to(out_dtype)
+    return o, (S if output_final_state else None)
