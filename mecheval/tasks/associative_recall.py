@@ -96,8 +96,8 @@ class AssociativeRecall(Task):
     _pairs_held_out: PairHoldout | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        check_int("num_pairs", self.num_pairs, 1)
-        check_int("num_keys", self.num_keys, 1)
+        self._set_option("num_pairs", check_int("num_pairs", self.num_pairs, 1))
+        self._set_option("num_keys", check_int("num_keys", self.num_keys, 1))
         if self.num_keys < self.num_pairs:
             raise ValueError(
                 f"option 'num_keys' ({self.num_keys}) must be >= num_pairs ({self.num_pairs}):"
@@ -105,7 +105,7 @@ class AssociativeRecall(Task):
             )
         if self.query not in ("key", "value"):
             raise ValueError(f"option 'query' must be 'key' or 'value', got {self.query!r}")
-        object.__setattr__(self, "holdout", check_fraction("holdout", self.holdout))
+        self._set_option("holdout", check_fraction("holdout", self.holdout))
         held_out = None
         if self.holdout > 0:
             if self.num_pairs**2 > self.num_keys:
@@ -116,7 +116,7 @@ class AssociativeRecall(Task):
             held_out = PairHoldout(self.num_keys, self.num_keys, self.holdout, salt=1)
             if held_out.threshold == 0:
                 raise ValueError(f"option 'holdout'={self.holdout} holds out no pair at all")
-        object.__setattr__(self, "_pairs_held_out", held_out)
+        self._set_option("_pairs_held_out", held_out)
 
     @property
     def pairs_held_out(self) -> PairHoldout | None:

@@ -104,21 +104,23 @@ class AssociativeTreecall(Task):
     _pairs_held_out: PairHoldout | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        check_int("max_rhs_len", self.max_rhs_len, 2)
-        check_int("num_terminals", self.num_terminals, 2)
-        check_int("num_nonterminals", self.num_nonterminals, 1)
-        check_int("max_depth", self.max_depth, 1)
-        check_int("max_rules", self.max_rules, 1)
-        check_int("seed", self.seed, 0)
-        check_int("max_length", self.max_length, MIN_LENGTH)
-        object.__setattr__(self, "terminal_factor", self._resolve_terminal_factor())
-        object.__setattr__(self, "holdout", check_fraction("holdout", self.holdout))
+        self._set_option("max_rhs_len", check_int("max_rhs_len", self.max_rhs_len, 2))
+        self._set_option("num_terminals", check_int("num_terminals", self.num_terminals, 2))
+        self._set_option(
+            "num_nonterminals", check_int("num_nonterminals", self.num_nonterminals, 1)
+        )
+        self._set_option("max_depth", check_int("max_depth", self.max_depth, 1))
+        self._set_option("max_rules", check_int("max_rules", self.max_rules, 1))
+        self._set_option("seed", check_int("seed", self.seed, 0))
+        self._set_option("max_length", check_int("max_length", self.max_length, MIN_LENGTH))
+        self._set_option("terminal_factor", self._resolve_terminal_factor())
+        self._set_option("holdout", check_fraction("holdout", self.holdout))
         held_out = None
         if self.holdout > 0:
             held_out = PairHoldout(self.num_terminals, self.num_terminals, self.holdout, self.seed)
             if held_out.threshold == 0:
                 raise ValueError(f"option 'holdout'={self.holdout} holds out no pair at all")
-        object.__setattr__(self, "_pairs_held_out", held_out)
+        self._set_option("_pairs_held_out", held_out)
 
     def _resolve_terminal_factor(self) -> float | None:
         factor = self.terminal_factor
@@ -202,21 +204,18 @@ class AssociativeTreecall(Task):
     def _generate_with_trees(self, n: int, seed: int, split: str) -> tuple[Batch, TreeAnnotations]:
         stream = SPLITS.index(split)
         parts: list[dict[str, np.ndarray]] = []
-        accepted = draws = too_short = too_long = no_query = 0
-        block = 0
+        accepted = draws = block = 0
+        rejected = np.zeros(3, dtype=np.int64)  # too short, too long, no eligible query
+        limit = max(MIN_BLOCKS_BEFORE_GIVING_UP * BLOCK_DRAWS, MAX_DRAWS_PER_DOCUMENT * n)
         while accepted < n:
-            part, rejected = self._sample_block(self.task_rng(seed, stream, block), split)
+            part, block_rejected = self._sample_block(self.task_rng(seed, stream, block), split)
             parts.append(part)
             accepted += len(part["lengths"])
             draws += BLOCK_DRAWS
-            too_short, too_long, no_query = (
-                too_short + rejected[0],
-                too_long + rejected[1],
-                no_query + rejected[2],
-            )
+            rejected += block_rejected
             block += 1
-            limit = max(MIN_BLOCKS_BEFORE_GIVING_UP * BLOCK_DRAWS, MAX_DRAWS_PER_DOCUMENT * n)
             if accepted < n and draws >= limit:
+                too_short, too_long, no_query = rejected.tolist()
                 raise RuntimeError(
                     f"{self.label()} cannot produce enough eligible {split!r} documents: "
                     f"{accepted} of {draws} drawn sentences accepted, {n} requested "

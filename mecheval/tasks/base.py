@@ -79,6 +79,10 @@ class Task(ABC):
         an equal task."""
         return {field.name: getattr(self, field.name) for field in self._option_fields()}
 
+    def _set_option(self, name: str, value: Any) -> None:
+        """Store a validated, normalised option (the dataclass is frozen)."""
+        object.__setattr__(self, name, value)
+
     def _option_fields(self) -> list[dataclasses.Field]:
         return [field for field in dataclasses.fields(self) if field.init]
 

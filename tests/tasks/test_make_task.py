@@ -102,3 +102,15 @@ def test_keys_differ_between_configurations_and_are_stable():
     assert make_task("ar", holdout=0).key() == make_task("ar", holdout=0.0).key()
     explicit = make_task("atr", max_rhs_len=5, num_terminals=8192, terminal_factor=20)
     assert explicit.key() == make_task("atr", max_rhs_len=5, num_terminals=8192).key()
+
+
+def test_numpy_numbers_are_normalised_to_plain_python_options():
+    import numpy as np
+
+    task = make_task(
+        "atr", max_rhs_len=np.int64(5), num_terminals=np.int32(20), holdout=np.float32(0.25)
+    )
+    config = task.config()
+    assert type(config["max_rhs_len"]) is int and type(config["holdout"]) is float
+    assert json.loads(json.dumps(config)) == config
+    assert task == make_task("atr", max_rhs_len=5, num_terminals=20, holdout=0.25)
