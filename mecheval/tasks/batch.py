@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 POSITION_NAMES: tuple[str, ...] = ("key", "value", "divider", "query", "answer")
@@ -71,9 +72,13 @@ class Batch:
     def device(self) -> torch.device:
         return self.tokens.device
 
-    def __getitem__(self, index: int | slice | torch.Tensor | Sequence[int]) -> Batch:
+    def __getitem__(self, index: int | slice | torch.Tensor | Sequence[int] | np.ndarray) -> Batch:
         if isinstance(index, bool):
             raise TypeError("a Batch cannot be indexed by a bool")
+        if isinstance(index, np.integer) or (
+            isinstance(index, torch.Tensor) and index.dim() == 0 and not index.is_floating_point()
+        ):
+            index = int(index)
         if isinstance(index, int):
             n = len(self)
             if not -n <= index < n:

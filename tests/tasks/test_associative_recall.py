@@ -6,8 +6,11 @@ Every check walks documents in plain Python and compares with the SPEC's definit
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mecheval.tasks import AssociativeRecall, make_task
+from mecheval.tasks.associative_recall import sample_distinct_rows
 from tests.tasks.oracles import pair_score
 
 K = 4096
@@ -202,3 +205,18 @@ def test_small_holdout_fractions_still_sample_every_split():
         assert len({k for k, _ in pairs}) == 16 and len({v for _, v in pairs}) == 16
     for row in task.sample(100, seed=0, split="train").tokens.tolist():
         assert not any(held_out(task, k, v) for k, v in pairs_of(row))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 50),
+    width=st.integers(1, 20),
+    extra=st.integers(0, 500),
+    seed=st.integers(0, 2**32),
+)
+def test_sample_distinct_rows_gives_distinct_in_range_values(rows, width, extra, seed):
+    high = width + extra
+    out = sample_distinct_rows(np.random.default_rng(seed), rows, width, high)
+    assert out.shape == (rows, width)
+    assert ((out >= 0) & (out < high)).all()
+    assert all(len(set(row)) == width for row in out.tolist())

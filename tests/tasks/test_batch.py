@@ -1,5 +1,6 @@
 """Batch: validation, indexing, device moves, trimming and concatenation."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,6 +20,9 @@ def test_indexing_selects_documents_in_every_form():
     batch = toy_batch(6)
     cases = {
         "int": (batch[2], [2]),
+        "numpy int": (batch[np.int64(3)], [3]),
+        "0-d tensor": (batch[torch.tensor(1)], [1]),
+        "numpy array": (batch[np.array([5, 1])], [5, 1]),
         "negative int": (batch[-1], [5]),
         "slice": (batch[1:4], [1, 2, 3]),
         "tensor": (batch[torch.tensor([4, 0])], [4, 0]),
