@@ -1,0 +1,113 @@
+"""The `mecheval` command line. It only parses arguments, loads configs and calls the library:
+everything here can be done from Python too.
+
+    mecheval train [--config FILE] [--out DIR] [key=value ...]
+    mecheval sweep FILE [--out DIR] [--backend local|ray] [--workers N] [--retries N]
+                        [--address ADDR] [--dry-run] [key=value ...]
+    mecheval data stats [--task ar|atr] [--n N] [key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mecheval.config import ConfigError
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from mecheval.sweep import run_name
+    from mecheval.train import load_train_config, train
+
+    config = load_train_config(args.config, args.overrides)
+    out = Path(args.out) if args.out else Path("runs") / run_name(config)
+    result = train(config, out)
+    dev, test = result["dev_accuracy"], result["test_accuracy"]
+    print(f"{out}: dev accuracy {dev:.4f}, test accuracy {test:.4f}")
+    return 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from mecheval.sweep import estimate_sweep, load_sweep, run_sweep
+
+    runs = load_sweep(args.file, args.overrides)
+    out = Path(args.out) if args.out else Path("runs") / Path(args.file).stem
+    if args.dry_run:
+        estimate = estimate_sweep(runs, workers=args.workers)
+        for row in estimate["per_run"]:
+            ms, minutes = row["step_s"] * 1e3, row["estimate_s"] / 60
+            print(f"{row['run']:60s} {row['steps']:8d} steps x {ms:8.2f} ms = {minutes:8.1f} min")
+        hours = estimate["estimated_wall_s"] / 3600
+        runs_n = estimate["runs"]
+        print(f"{runs_n} runs; estimated wall time {hours:.2f} h on {args.workers} worker(s)")
+        return 0
+    table = run_sweep(
+        runs,
+        out,
+        backend=args.backend,
+        workers=args.workers,
+        retries=args.retries,
+        address=args.address,
+    )
+    counts = table["status"].value_counts().to_dict()
+    print(f"{out / 'results.parquet'}: {counts}")
+    return 0 if counts.get("failed", 0) == 0 else 1
+
+
+def _cmd_data_stats(args: argparse.Namespace) -> int:
+    from mecheval.config import parse_overrides
+    from mecheval.tasks import make_task, stats_table
+
+    options = parse_overrides(args.overrides)
+    tasks = [make_task(name, **options) for name in args.task]
+    print(stats_table(tasks, n=args.n, seed=args.seed))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mecheval", description="Mechanistic evaluation of sequence models."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train one model")
+    p.add_argument("--config", help="YAML training config")
+    p.add_argument("--out", help="run folder (default: runs/<name from config>)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. arch=mamba lr=1e-3")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("sweep", help="train a grid of models")
+    p.add_argument("file", help="YAML sweep file (base + grid)")
+    p.add_argument("--out", help="sweep folder (default: runs/<file stem>)")
+    p.add_argument("--backend", choices=["local", "ray"], default="local")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--retries", type=int, default=0, help="rerun failed runs this many more times")
+    p.add_argument("--address", help="Ray cluster address (default: start a local cluster)")
+    p.add_argument("--dry-run", action="store_true", help="print grid size and estimated time")
+    p.add_argument("overrides", nargs="*", help="key=value overrides of the sweep's base config")
+    p.set_defaults(func=_cmd_sweep)
+
+    data = sub.add_parser("data", help="task data tools").add_subparsers(
+        dest="data_command", required=True
+    )
+    p = data.add_parser("stats", help="document length and distance statistics")
+    p.add_argument("--task", nargs="+", default=["ar"], choices=["ar", "atr"])
+    p.add_argument("--n", type=int, default=2000, help="documents sampled per task")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("overrides", nargs="*", help="task options as key=value")
+    p.set_defaults(func=_cmd_data_stats)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as error:
+        print(f"mecheval: config error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,190 @@
+"""Typed configs: dataclasses loaded from YAML and overridden by `key=value` arguments.
+
+The one config system of the package. A config is a (nested) dataclass; `load_config` fills it
+from a YAML file and a list of overrides such as `optim.lr=3e-3` (dotted keys reach nested
+fields, values are parsed as YAML scalars: `3e-3`, `true`, `null`, `[1, 2]`), checks every
+value against the field's type and refuses unknown keys by name, with a suggestion:
+
+    ValueError: unknown config key 'optim.lrr' (did you mean 'optim.lr'?)
+
+Fields typed `dict` are free-form (their contents are validated by whoever consumes them, e.g.
+`make_task` for task options).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+C = TypeVar("C")
+
+
+class ConfigError(ValueError):
+    """A config value or key is wrong; the message names it."""
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value as YAML would read it ("3e-3" is a float, "null" is None)."""
+    value = yaml.safe_load(text) if text.strip() else ""
+    if isinstance(value, str):
+        # YAML 1.1 reads "1e-3" as a string; numbers written that way are meant as floats.
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def parse_overrides(overrides: Sequence[str], aliases: Mapping[str, str] | None = None) -> dict:
+    """["a.b=1", "lr=3e-3"] -> {"a": {"b": 1}, ...}, with short aliases expanded to dotted keys."""
+    nested: dict = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        key, text = item.split("=", 1)
+        key = key.strip()
+        key = (aliases or {}).get(key, key)
+        node = nested
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r} sets a key inside a non-mapping value")
+        node[leaf] = parse_value(text)
+    return nested
+
+
+def merge(base: dict, update: Mapping) -> dict:
+    """Deep merge of plain dicts (update wins); nested mappings merge key by key."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out
+
+
+def _check_type(path: str, value: Any, annotation: Any) -> Any:
+    """`value` converted to `annotation` where that is lossless (int -> float), else an error."""
+    origin = typing.get_origin(annotation)
+    if annotation is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for option in typing.get_args(annotation):
+            try:
+                return _check_type(path, value, option)
+            except ConfigError as error:
+                errors.append(str(error))
+        raise ConfigError(f"{path}: {value!r} is not a valid {_type_name(annotation)}")
+    if origin is typing.Literal:
+        if value in typing.get_args(annotation):
+            return value
+        raise ConfigError(f"{path}: {value!r} is not one of {list(typing.get_args(annotation))}")
+    if annotation is type(None):
+        if value is None:
+            return None
+        raise ConfigError(f"{path}: expected null, got {value!r}")
+    if dataclasses.is_dataclass(annotation):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return from_dict(annotation, value, prefix=path)
+    if origin in (list, tuple) or annotation in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        args = typing.get_args(annotation)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(args) != len(value):
+                raise ConfigError(f"{path}: expected {len(args)} items, got {len(value)}")
+            return tuple(
+                _check_type(f"{path}[{i}]", v, a)
+                for i, (v, a) in enumerate(zip(value, args, strict=True))
+            )
+        item = args[0] if args else Any
+        items = [_check_type(f"{path}[{i}]", v, item) for i, v in enumerate(value)]
+        return tuple(items) if (origin or annotation) is tuple else items
+    if origin is dict or annotation is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return dict(value)
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation in (int, float) and isinstance(value, bool):
+        raise ConfigError(f"{path}: expected {annotation.__name__}, got {value!r}")
+    if isinstance(annotation, type) and not isinstance(value, annotation):
+        raise ConfigError(
+            f"{path}: expected {annotation.__name__}, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+def from_dict(cls: type[C], data: Mapping[str, Any], prefix: str = "") -> C:
+    """Build dataclass `cls` from a plain mapping, checking keys and value types."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        key = unknown[0]
+        full = f"{prefix}.{key}" if prefix else key
+        close = difflib.get_close_matches(key, list(fields), n=1)
+        hint = f" (did you mean '{prefix + '.' if prefix else ''}{close[0]}'?)" if close else ""
+        raise ConfigError(f"unknown config key '{full}'{hint}; valid keys: {sorted(fields)}")
+    values = {}
+    for name, value in data.items():
+        path = f"{prefix}.{name}" if prefix else name
+        values[name] = _check_type(path, value, hints[name])
+    try:
+        return cls(**values)
+    except TypeError as error:  # a required field is missing
+        raise ConfigError(f"{prefix or cls.__name__}: {error}") from None
+
+
+def to_dict(config: Any) -> dict:
+    """A config as plain dicts/lists (tuples become lists), ready for YAML or JSON."""
+
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if isinstance(value, Mapping):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+
+    return plain(config)
+
+
+def load_config(
+    cls: type[C],
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    aliases: Mapping[str, str] | None = None,
+    base: Mapping[str, Any] | None = None,
+) -> C:
+    """Config `cls` from defaults, then `base`, then a YAML file, then `key=value` overrides."""
+    data: dict = dict(base or {})
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(loaded, Mapping):
+            raise ConfigError(
+                f"{path}: the config file must hold a mapping, got {type(loaded).__name__}"
+            )
+        data = merge(data, loaded)
+    data = merge(data, parse_overrides(overrides, aliases))
+    return from_dict(cls, data)
+
+
+def dump_yaml(config: Any) -> str:
+    return yaml.safe_dump(to_dict(config), sort_keys=False)

@@ -1,0 +1,91 @@
+"""Sweep files: a base training config and a grid of values whose product is the sweep.
+
+    base:                      # any part of a TrainConfig (see mecheval.train.config)
+      task: {name: ar}
+    grid:                      # dotted keys (or train aliases) -> lists of values
+      model.arch: [attention, mamba]
+      model.d_model: [32, 64]
+      optim.lr: [1e-3, 3e-3]
+    include:                   # optional: extra runs (partial configs over `base`), not crossed
+
+Every run gets a folder named from its config: readable fields plus a short hash of the whole
+resolved config, so two different configs never share a folder and the same config always
+maps to the same one (which is what makes a rerun resume).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mecheval.config import ConfigError, from_dict, merge, parse_overrides
+from mecheval.train.config import ALIASES, TrainConfig, identity
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    config: TrainConfig
+
+
+def _dotted(key: str, value: Any) -> dict:
+    key = ALIASES.get(key, key)
+    node: dict = {}
+    cursor = node
+    *parents, leaf = key.split(".")
+    for part in parents:
+        cursor = cursor.setdefault(part, {})
+    cursor[leaf] = value
+    return node
+
+
+def run_name(config: TrainConfig) -> str:
+    """e.g. `ar-mamba-d64-l2-lr0.001-s42-3f2a9c1e`."""
+    digest = hashlib.sha256(json.dumps(identity(config), sort_keys=True).encode()).hexdigest()[:8]
+    m = config.model
+    readable = f"{config.task.name}-{m.arch}-d{m.d_model}-l{m.n_layers}"
+    return f"{readable}-lr{config.optim.lr:g}-s{config.seed}-{digest}"
+
+
+def expand_sweep(spec: dict, overrides: list[str] | tuple[str, ...] = ()) -> list[Run]:
+    """The runs of a sweep spec (a parsed sweep file), in a fixed order, without duplicates."""
+    unknown = set(spec) - {"base", "grid", "include"}
+    if unknown:
+        raise ConfigError(
+            f"unknown sweep file key(s) {sorted(unknown)}; expected base, grid, include"
+        )
+    base = merge(spec.get("base") or {}, parse_overrides(overrides, ALIASES))
+    grid = spec.get("grid") or {}
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"grid.{key} must be a non-empty list, got {values!r}")
+    partials = []
+    keys = list(grid)
+    for combination in itertools.product(*(grid[k] for k in keys)):
+        run = dict(base)
+        for key, value in zip(keys, combination, strict=True):
+            run = merge(run, _dotted(key, value))
+        partials.append(run)
+    for extra in spec.get("include") or []:
+        partials.append(merge(base, extra))
+    runs, seen = [], set()
+    for partial in partials:
+        config = from_dict(TrainConfig, partial)
+        name = run_name(config)
+        if name not in seen:
+            seen.add(name)
+            runs.append(Run(name, config))
+    return runs
+
+
+def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> list[Run]:
+    spec = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{path}: a sweep file must hold a mapping")
+    return expand_sweep(spec, overrides)

@@ -1,0 +1,190 @@
+"""Run a sweep: every run of a grid, on local worker processes or as Ray tasks.
+
+The results table `results.parquet` (one row per run: config fields, accuracies, steps, wall
+time, checkpoint path, status, error) is rebuilt from the run folders and written atomically
+after every finished run, so a killed sweep loses no finished row and never duplicates one.
+Rerunning the sweep skips finished runs and resumes unfinished ones from their checkpoints.
+A failing run is recorded (status "failed", with its error) without stopping the others;
+`retries` reruns it that many more times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from mecheval.config import from_dict, to_dict
+from mecheval.io import atomic_write_json, atomic_write_parquet
+from mecheval.sweep.grid import Run
+from mecheval.train.config import TrainConfig
+from mecheval.train.loop import RESULT, train
+
+RESULTS = "results.parquet"
+ERROR = "error.json"
+BACKENDS = ("local", "ray")
+
+
+def run_one(config_dict: dict, run_dir: str, threads: int | None = None) -> dict[str, Any]:
+    """Train one run (in a worker); returns its result, or its error, never raises."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    config = from_dict(TrainConfig, config_dict)
+    run_path = Path(run_dir)
+    try:
+        result = train(config, run_path)
+        (run_path / ERROR).unlink(missing_ok=True)
+        return {"status": "finished", **result}
+    except Exception as error:  # recorded, so that one bad run does not stop the sweep
+        record = {
+            "status": "failed",
+            "error": f"{type(error).__name__}: {error}",
+            "traceback": traceback.format_exc(),
+        }
+        atomic_write_json(run_path / ERROR, record)
+        return record
+
+
+def _flatten(prefix: str, value: Any, out: dict) -> None:
+    if isinstance(value, dict) and value:
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else k, v, out)
+    else:
+        out[prefix] = json.dumps(value) if isinstance(value, (list, dict)) else value
+
+
+def result_row(run: Run, run_dir: Path) -> dict[str, Any]:
+    """The table row of one run, read from its folder (pending, finished or failed)."""
+    row: dict[str, Any] = {"run": run.name}
+    _flatten("", to_dict(run.config), row)
+    row.pop("progress", None)
+    if (run_dir / RESULT).exists():
+        result = json.loads((run_dir / RESULT).read_text())
+        row.update(
+            status="finished",
+            dev_accuracy=result["dev_accuracy"],
+            test_accuracy=result["test_accuracy"],
+            best_accuracy=result["best_accuracy"],
+            steps=result["steps"],
+            wall_time_s=result["wall_time_s"],
+            num_params=result["num_params"],
+            checkpoint=result["checkpoint"],
+            error=None,
+        )
+    elif (run_dir / ERROR).exists():
+        row.update(status="failed", error=json.loads((run_dir / ERROR).read_text())["error"])
+    else:
+        row.update(status="pending", error=None)
+    return row
+
+
+def write_results(runs: list[Run], out: Path) -> pd.DataFrame:
+    frame = pd.DataFrame([result_row(run, out / run.name) for run in runs])
+    atomic_write_parquet(out / RESULTS, frame)
+    return frame
+
+
+def _kill_with_parent() -> None:
+    """Worker initialiser (Linux): die when the sweep process dies, so a killed sweep leaves no
+    orphan still training a run that the resumed sweep would train too."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _run_local(pending: list[Run], out: Path, workers: int, on_done: Callable) -> None:
+    if workers == 1:
+        for run in pending:
+            on_done(run, run_one(to_dict(run.config), str(out / run.name)))
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_kill_with_parent) as pool:
+        futures = {
+            pool.submit(run_one, to_dict(run.config), str(out / run.name), threads): run
+            for run in pending
+        }
+        for future in as_completed(futures):
+            on_done(futures[future], future.result())
+
+
+def _run_ray(
+    pending: list[Run], out: Path, workers: int, on_done: Callable, address: str | None
+) -> None:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            address=address,
+            num_cpus=None if address else workers,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
+    use_gpu = bool(ray.cluster_resources().get("GPU"))
+    remote = ray.remote(num_cpus=1, num_gpus=1 if use_gpu else 0, max_retries=0)(run_one)
+    refs = {
+        remote.remote(to_dict(run.config), str((out / run.name).resolve()), 1): run
+        for run in pending
+    }
+    waiting = list(refs)
+    while waiting:
+        done, waiting = ray.wait(waiting, num_returns=1)
+        on_done(refs[done[0]], ray.get(done[0]))
+
+
+def run_sweep(
+    runs: list[Run],
+    out: str | Path,
+    backend: str = "local",
+    workers: int = 1,
+    retries: int = 0,
+    address: str | None = None,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Run every unfinished run of `runs` under `out`; returns the results table."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = [Run(r.name, r.config.replace(progress=progress and workers == 1)) for r in runs]
+    write_results(runs, out)
+    from tqdm.auto import tqdm
+
+    for attempt in range(retries + 1):
+        pending = [r for r in runs if not (out / r.name / RESULT).exists()]
+        if not pending:
+            break
+        bar = tqdm(
+            total=len(pending),
+            desc=f"sweep (attempt {attempt + 1})",
+            unit="run",
+            disable=not progress,
+        )
+
+        def on_done(run: Run, outcome: dict, bar=bar) -> None:
+            write_results(runs, out)
+            bar.update(1)
+            bar.set_postfix(last=f"{run.name}: {outcome['status']}")
+
+        if backend == "local":
+            _run_local(pending, out, workers, on_done)
+        else:
+            _run_ray(pending, out, workers, on_done, address)
+        bar.close()
+    return write_results(runs, out)

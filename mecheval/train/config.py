@@ -1,0 +1,137 @@
+"""The training config: one typed dataclass whose defaults are the study's recipe (SPEC
+section 4): AdamW (0.9, 0.999, eps 1e-8, no weight decay), 10% linear warm-up then cosine
+decay to 0, batch 32, 16 epochs over the fixed 100,032-document AR training set, seed 42.
+
+Load with `load_train_config(path, overrides)`; short aliases (`arch=mamba lr=1e-3`) expand to
+their dotted keys (`model.arch`, `optim.lr`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from mecheval.config import ConfigError, load_config, to_dict
+
+ALIASES = {
+    "task": "task.name",
+    "arch": "model.arch",
+    "d_model": "model.d_model",
+    "n_layers": "model.n_layers",
+    "lr": "optim.lr",
+    "weight_decay": "optim.weight_decay",
+    "train_size": "task.train_size",
+}
+
+
+@dataclass
+class TaskSection:
+    """Which task to train on. `options` go to `make_task(name, **options)`, which checks them."""
+
+    name: str = "ar"
+    options: dict = field(default_factory=dict)
+    train_size: int = 100_032
+    eval_size: int = 320
+
+
+@dataclass
+class ModelSection:
+    """Which model. vocab_size and max_len come from the task; `options` go to `build_model`."""
+
+    arch: str = "attention"
+    d_model: int = 64
+    n_layers: int = 2
+    options: dict = field(default_factory=dict)
+
+
+@dataclass
+class OptimSection:
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    warmup_fraction: float = 0.1
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run depends on. Fields:
+
+    epochs / steps: run length; `steps` (if set) wins over `epochs` x documents / batch.
+    eval_every / checkpoint_every / log_every: cadences in steps (0 = only at the end).
+    eval_split: the split whose accuracy is tracked during training ("dev"); the final result
+        reports dev and test.
+    device: "auto" (CUDA if present), "cpu", "cuda", "cuda:1", ...
+    backend: kernel backend, "auto" | "triton" | "torch" (see kernels.backend).
+    precision: "auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32" or "bf16".
+    compile: torch.compile the model.
+    keep_checkpoints: how many of the most recent checkpoints to keep on disk.
+    """
+
+    task: TaskSection = field(default_factory=TaskSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    batch_size: int = 32
+    epochs: int = 16
+    steps: int | None = None
+    eval_every: int = 1000
+    eval_split: Literal["dev", "test"] = "dev"
+    checkpoint_every: int = 1000
+    keep_checkpoints: int = 1
+    log_every: int = 50
+    seed: int = 42
+    device: str = "auto"
+    backend: Literal["auto", "triton", "torch"] = "auto"
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    compile: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        positive = {
+            "batch_size": self.batch_size,
+            "epochs": self.epochs,
+            "task.train_size": self.task.train_size,
+            "task.eval_size": self.task.eval_size,
+            "model.d_model": self.model.d_model,
+            "model.n_layers": self.model.n_layers,
+            "keep_checkpoints": self.keep_checkpoints,
+        }
+        if self.steps is not None:
+            positive["steps"] = self.steps
+        for name, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"{name} must be >= 1, got {value}")
+        for name in ("eval_every", "checkpoint_every", "log_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.optim.warmup_fraction < 1.0:
+            raise ConfigError(
+                f"optim.warmup_fraction must be in [0, 1), got {self.optim.warmup_fraction}"
+            )
+        if self.optim.lr <= 0:
+            raise ConfigError(f"optim.lr must be > 0, got {self.optim.lr}")
+
+    @property
+    def total_steps(self) -> int:
+        if self.steps is not None:
+            return self.steps
+        return self.epochs * self.task.train_size // self.batch_size
+
+    def replace(self, **changes) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def load_train_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """A TrainConfig from defaults, an optional YAML file and `key=value` overrides."""
+    return load_config(TrainConfig, path, overrides, aliases=ALIASES)
+
+
+def identity(config: TrainConfig) -> dict:
+    """The config fields that decide what a run computes (display-only fields left out): two
+    configs with equal identities are the same run."""
+    fields = to_dict(config)
+    fields.pop("progress")
+    return fields
