@@ -142,6 +142,10 @@ class AssociativeRecall(Task):
         """Tokens per document, 2 * num_pairs + 5."""
         return 2 * self.num_pairs + 5
 
+    @property
+    def max_document_length(self) -> int:
+        return self.length
+
     def token_name(self, token: int) -> str:
         if self.first_key <= token < self.first_value:
             return f"k{token - self.first_key}"

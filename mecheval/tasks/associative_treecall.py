@@ -173,6 +173,11 @@ class AssociativeTreecall(Task):
         return self.num_terminals + 6
 
     @property
+    def max_document_length(self) -> int:
+        """BOS, up to max_length terminals, EOS, child, parent, EOS."""
+        return self.max_length + 5
+
+    @property
     def first_terminal(self) -> int:
         return 3
 

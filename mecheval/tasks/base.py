@@ -127,6 +127,11 @@ class Task(ABC):
     def vocab_size(self) -> int:
         """Number of token ids, including PAD/BOS/EOS."""
 
+    @property
+    @abstractmethod
+    def max_document_length(self) -> int:
+        """The longest document this task can produce, in tokens (what a model must accept)."""
+
     @abstractmethod
     def token_name(self, token: int) -> str:
         """A readable name of one task-specific token id (ids >= 3)."""

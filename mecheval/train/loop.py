@@ -63,7 +63,7 @@ def build_model_for(config: TrainConfig, task) -> torch.nn.Module:
         vocab_size=task.vocab_size,
         d_model=config.model.d_model,
         n_layers=config.model.n_layers,
-        max_len=task.max_length,
+        max_len=task.max_document_length,
         **config.model.options,
     )
 

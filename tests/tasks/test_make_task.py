@@ -114,3 +114,11 @@ def test_numpy_numbers_are_normalised_to_plain_python_options():
     assert type(config["max_rhs_len"]) is int and type(config["holdout"]) is float
     assert json.loads(json.dumps(config)) == config
     assert task == make_task("atr", max_rhs_len=5, num_terminals=20, holdout=0.25)
+
+
+def test_max_document_length_bounds_every_document():
+    ar = make_task("ar", num_pairs=4, num_keys=64)
+    assert ar.max_document_length == ar.sample(8, seed=0).width == 13
+    atr = make_task("atr", max_rhs_len=5, num_terminals=20, max_length=30)
+    assert atr.max_document_length == 35
+    assert int(atr.sample(200, seed=0).lengths.max()) <= atr.max_document_length
