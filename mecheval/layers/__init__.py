@@ -1,0 +1,46 @@
+"""Sequence mixers and other layers, reusable outside mecheval.
+
+Each mixer maps (B, L, d_model) to (B, L, d_model) and runs its short convolutions and scans
+through the `kernels` package (the process default backend). Activations the interventions
+patch are marked with `Site` / `StateSite` submodules (see `mecheval.layers.sites`).
+
+    ShortConvolution        fla-style short causal depthwise conv (an nn.Conv1d)
+    Mamba                   mamba-ssm's Mamba layer (selective SSM)
+    DeltaNet                fla's DeltaNet layer (delta rule)
+    CausalSelfAttention     softmax attention
+    BaseConv                gated short or implicit long convolution (zoology)
+    BasedLinearAttention    Based's Taylor-feature linear attention (zoology)
+    H3                      H3 with shift and diagonal SSMs (zoology)
+    Hyena                   Hyena operator of order 2 (zoology)
+    MLP                     Linear-GELU-Linear feed-forward
+"""
+
+from mecheval.layers.attention import CausalSelfAttention
+from mecheval.layers.base_conv import BaseConv
+from mecheval.layers.based import BasedLinearAttention
+from mecheval.layers.delta_net import DeltaNet
+from mecheval.layers.h3 import H3
+from mecheval.layers.hyena import Hyena
+from mecheval.layers.long_conv import ImplicitFilter, ImplicitLongConvolution, fft_causal_conv
+from mecheval.layers.mamba import Mamba
+from mecheval.layers.mlp import MLP
+from mecheval.layers.short_conv import ShortConvolution
+from mecheval.layers.sites import Site, SitePlan, StateSite
+
+__all__ = [
+    "MLP",
+    "H3",
+    "BaseConv",
+    "BasedLinearAttention",
+    "CausalSelfAttention",
+    "DeltaNet",
+    "Hyena",
+    "ImplicitFilter",
+    "ImplicitLongConvolution",
+    "Mamba",
+    "ShortConvolution",
+    "Site",
+    "SitePlan",
+    "StateSite",
+    "fft_causal_conv",
+]

@@ -1,0 +1,65 @@
+"""BaseConv: a convolution gated by a linear projection (Arora et al. 2023, "Zoology").
+
+    y = conv(u) * (u W) + u
+
+where conv is a short causal depthwise convolution (width W, on `kernels.causal_conv1d_fn`) or
+an implicit long convolution (`ImplicitLongConvolution`, which itself adds u back).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mecheval.layers.long_conv import ImplicitLongConvolution
+from mecheval.layers.short_conv import ShortConvolution
+from mecheval.layers.sites import Site
+
+
+class BaseConv(nn.Module):
+    """Gated convolution.
+
+    Sites: a short conv exposes `conv_input` / `conv_output` (B, L, d_model); a long conv
+    `long_conv_input` / `long_conv_output`.
+
+    Args:
+        d_model: channels in and out.
+        l_max: longest sequence (for the long conv's filter).
+        kernel_size: short conv width (1..8), or -1 for the implicit long convolution.
+        filter_order: width of the long conv's filter MLP.
+    """
+
+    def __init__(
+        self, d_model: int, l_max: int, kernel_size: int = 3, filter_order: int = 16
+    ) -> None:
+        super().__init__()
+        self.d_model, self.l_max, self.kernel_size = d_model, l_max, kernel_size
+        self.projection = nn.Linear(d_model, d_model, bias=False)
+        if kernel_size == -1:
+            self.conv = ImplicitLongConvolution(d_model, l_max, order=filter_order)
+            prefix = "long_conv"
+        else:
+            self.conv = ShortConvolution(d_model, kernel_size, bias=False, activation=None)
+            prefix = "conv"
+        # Registered under their site names, so module paths match site names.
+        self._site_names = (f"{prefix}_input", f"{prefix}_output")
+        for name in self._site_names:
+            self.add_module(name, Site(name))
+
+    @property
+    def is_long(self) -> bool:
+        return self.kernel_size == -1
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        """u: (B, L, d_model) -> (B, L, d_model)."""
+        site_in, site_out = (getattr(self, name) for name in self._site_names)
+        c = site_in(u)
+        c = self.conv(c) if self.is_long else self.conv(c)[0]
+        c = site_out(c)
+        return c * self.projection(u) + u
+
+    def state_size(self, sequence_length: int) -> int:
+        """Floats carried between tokens: the last W - 1 inputs, or every past input."""
+        if self.is_long:
+            return self.d_model * sequence_length
+        return self.d_model * (self.kernel_size - 1)

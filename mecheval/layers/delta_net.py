@@ -1,0 +1,170 @@
+"""DeltaNet (Schlag et al. 2021; Yang et al. 2024), following flash-linear-attention's layer.
+
+Parameter names and options follow `fla.layers.DeltaNet` where they overlap:
+
+    q, k, v = act(conv(u W_q)), act(conv(u W_k)), silu(conv(u W_v))   short convs, width 4
+    q, k = q / |q|, k / |k|                                              per head ("l2")
+    beta_t = sigmoid(u_t W_b)                                            one per head
+    S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T                   S_t (K, V) per head
+    o_t = rmsnorm(S_t^T q_t / sqrt(K)) ;  out = o W_o
+
+The delta rule runs through `kernels.chunk_delta_rule` (q and k normalised inside the kernel).
+Not supported from fla: `mode` (the kernel backend decides), `use_gate`, padding masks, caches.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernels
+from mecheval.layers.short_conv import ShortConvolution
+from mecheval.layers.sites import Site, StateSite
+
+QK_ACTIVATIONS = ("silu", "relu", "elu", "identity")
+QK_NORMS = ("l2", "sum")
+
+
+class DeltaNet(nn.Module):
+    """DeltaNet mixer.
+
+    Sites (with short convs): `q_conv_input`, `q_conv_output`, `k_conv_input`, `k_conv_output`
+    (B, L, key_dim), `v_conv_input`, `v_conv_output` (B, L, value_dim), each conv's input and
+    output (after its activation); `state` (B, num_heads, head_k_dim, head_v_dim) float32,
+    the fast-weight state after a position.
+
+    Args:
+        hidden_size: channels in and out (`d_model` is an alias that wins when given).
+        expand_k: key_dim = hidden_size * expand_k.
+        expand_v: value_dim = hidden_size * expand_v.
+        num_heads: heads; key_dim and value_dim must divide by it.
+        use_beta: learn beta_t = sigmoid(u_t W_b); else beta = 1.
+        use_short_conv: short convs on q, k, v; without, activations only.
+        conv_size: short conv width (1..8).
+        conv_bias: whether the short convs have biases.
+        allow_neg_eigval: beta in (0, 2) instead of (0, 1).
+        layer_idx: index of the layer in its model (kept for reference).
+        qk_activation: "silu" (fused into the q/k convs), "relu", "elu" (elu + 1) or "identity".
+        qk_norm: "l2" (unit q, k) or "sum" (q, k divided by their sums).
+        norm_eps: epsilon of the output RMSNorm.
+        d_model: alias of hidden_size.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int = 1024,
+        expand_k: float = 1.0,
+        expand_v: float = 1.0,
+        num_heads: int = 4,
+        use_beta: bool = True,
+        use_short_conv: bool = True,
+        conv_size: int = 4,
+        conv_bias: bool = False,
+        allow_neg_eigval: bool = False,
+        layer_idx: int | None = None,
+        qk_activation: str = "silu",
+        qk_norm: str = "l2",
+        norm_eps: float = 1e-5,
+        d_model: int | None = None,
+    ) -> None:
+        super().__init__()
+        if qk_activation not in QK_ACTIVATIONS:
+            raise ValueError(f"qk_activation must be one of {QK_ACTIVATIONS}, got {qk_activation}")
+        if qk_norm not in QK_NORMS:
+            raise ValueError(f"qk_norm must be one of {QK_NORMS}, got {qk_norm!r}")
+        if d_model is not None:
+            hidden_size = d_model
+        self.hidden_size = hidden_size
+        self.key_dim, self.value_dim = int(hidden_size * expand_k), int(hidden_size * expand_v)
+        if self.key_dim % num_heads or self.value_dim % num_heads:
+            raise ValueError(
+                f"key_dim {self.key_dim} and value_dim {self.value_dim} must be divisible by "
+                f"num_heads {num_heads}"
+            )
+        self.num_heads = num_heads
+        self.head_k_dim, self.head_v_dim = self.key_dim // num_heads, self.value_dim // num_heads
+        self.use_beta, self.use_short_conv, self.conv_size = use_beta, use_short_conv, conv_size
+        self.allow_neg_eigval, self.layer_idx = allow_neg_eigval, layer_idx
+        self.qk_activation, self.qk_norm = qk_activation, qk_norm
+
+        self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
+        self.k_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
+        if use_beta:
+            self.b_proj = nn.Linear(hidden_size, num_heads, bias=False)
+        if use_short_conv:
+            qk_act = "silu" if qk_activation == "silu" else None
+            self.q_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, qk_act)
+            self.k_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, qk_act)
+            self.v_conv1d = ShortConvolution(self.value_dim, conv_size, conv_bias, "silu")
+            for name in ("q", "k", "v"):
+                for end in ("input", "output"):
+                    self.add_module(f"{name}_conv_{end}", Site(f"{name}_conv_{end}"))
+        self.o_norm = nn.RMSNorm(self.head_v_dim, eps=norm_eps)
+        self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
+        self.state = StateSite("state")
+
+    def _conv(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        x = getattr(self, f"{name}_conv_input")(x)
+        x = getattr(self, f"{name}_conv1d")(x)[0]
+        return getattr(self, f"{name}_conv_output")(x)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """hidden_states: (B, T, hidden_size) -> (B, T, hidden_size)."""
+        batch, length, _ = hidden_states.shape
+        H = self.num_heads
+        q, k, v = (
+            self.q_proj(hidden_states),
+            self.k_proj(hidden_states),
+            self.v_proj(hidden_states),
+        )
+        if self.use_short_conv:
+            q, k, v = self._conv("q", q), self._conv("k", k), self._conv("v", v)
+        else:
+            if self.qk_activation == "silu":
+                q, k = F.silu(q), F.silu(k)
+            v = F.silu(v)
+        q = q.view(batch, length, H, self.head_k_dim)
+        k = k.view(batch, length, H, self.head_k_dim)
+        v = v.view(batch, length, H, self.head_v_dim)
+        if self.qk_activation == "relu":
+            q, k = q.relu(), k.relu()
+        elif self.qk_activation == "elu":
+            q, k = F.elu(q) + 1, F.elu(k) + 1
+        if self.qk_norm == "sum":
+            q, k = q / q.sum(-1, keepdim=True), k / k.sum(-1, keepdim=True)
+        if self.use_beta:
+            beta = self.b_proj(hidden_states).sigmoid()
+        else:
+            beta = hidden_states.new_ones(batch, length, H)
+        if self.allow_neg_eigval:
+            beta = beta * 2
+        l2 = self.qk_norm == "l2"
+
+        def run_segment(start: int, stop: int, initial_state: torch.Tensor | None):
+            t = slice(start, stop)
+            return kernels.chunk_delta_rule(
+                q[:, t],
+                k[:, t],
+                v[:, t],
+                beta[:, t],
+                initial_state=initial_state,
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=l2,
+            )
+
+        if self.state.active:
+            o = self.state.scan(run_segment, length, batch, time_dim=1)
+        else:
+            o, _ = kernels.chunk_delta_rule(q, k, v, beta, use_qk_l2norm_in_kernel=l2)
+        o = self.o_norm(o)
+        return self.o_proj(o.reshape(batch, length, self.value_dim))
+
+    def state_size(self, sequence_length: int) -> int:
+        """Floats carried between tokens: the state num_heads * head_k_dim * head_v_dim plus the
+        short convs' last conv_size - 1 inputs. (zoology counts only the state.)"""
+        window = self.conv_size - 1 if self.use_short_conv else 0
+        return self.num_heads * self.head_k_dim * self.head_v_dim + window * (
+            2 * self.key_dim + self.value_dim
+        )

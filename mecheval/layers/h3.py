@@ -1,0 +1,116 @@
+"""H3, "Hungry Hungry Hippos" (Fu et al. 2023), as zoology builds it.
+
+    q, k, v = u W_q, u W_k, u W_v
+    k = shift_ssm(k)                   shift SSM: A = shift, B = e_1, so its kernel is C itself:
+                                       k'_t = sum_{i < N} C[:, i] k_{t-i} + D_shift k_t
+    kv = k (x) v per head              head_dim x head_dim outer product per head and position
+    y = diag_ssm(kv)                   S4D-Lin kernel per head, bilinear discretisation, skip D
+    o_t = sum_i q_t[i] y_t[i, :]       contract with q per head
+    out = o W_out
+
+The study sets the state size N to the sequence length (zoology's note: this makes H3
+equivalent to Hyena-like long convolutions), head_dim 2. The diagonal SSM has N // 2 complex
+modes, as S4D: the real kernel is 2 Re(sum_n C_n dB_n dA_n^l).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from mecheval.layers.long_conv import fft_causal_conv
+from mecheval.layers.sites import Site
+
+
+class H3(nn.Module):
+    """H3 mixer.
+
+    Sites: `conv_input` / `conv_output` (B, L, d_model), k before and after the shift SSM;
+    `long_conv_input` / `long_conv_output` (B, L, H * head_dim^2 = d_model * head_dim), the
+    per-head products k v^T before and after the diagonal SSM (flattened as (head, i, j)).
+
+    Args:
+        d_model: channels in and out.
+        d_state: state size N of both SSMs (shift: N taps; diagonal: N // 2 complex modes).
+        head_dim: head size; heads H = d_model // head_dim.
+        dt_min, dt_max: range of the diagonal SSM's initial step sizes (log-uniform).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int = 64,
+        head_dim: int = 1,
+        dt_min: float = 0.001,
+        dt_max: float = 0.1,
+    ) -> None:
+        super().__init__()
+        if d_model % head_dim:
+            raise ValueError(f"d_model {d_model} must be divisible by head_dim {head_dim}")
+        if d_state < 2:
+            raise ValueError(f"d_state must be >= 2 (N // 2 complex modes), got {d_state}")
+        self.d_model, self.d_state, self.head_dim = d_model, d_state, head_dim
+        self.num_heads = H = d_model // head_dim
+        modes = d_state // 2
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        # Shift SSM: its kernel is C; initialised like a depthwise Conv1d of width N.
+        bound = 1 / math.sqrt(d_state)
+        self.shift_C = nn.Parameter(torch.empty(d_model, d_state).uniform_(-bound, bound))
+        self.shift_D = nn.Parameter(torch.randn(d_model))
+        # Diagonal SSM (S4D-Lin): A_n = -exp(inv_A_real) + i A_imag, A_n = -1/2 + i pi n.
+        self.log_dt = nn.Parameter(
+            torch.rand(H) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)
+        )
+        self.inv_A_real = nn.Parameter(torch.full((H, modes), math.log(0.5)))
+        self.A_imag = nn.Parameter(math.pi * torch.arange(modes, dtype=torch.float32).repeat(H, 1))
+        self.B = nn.Parameter(torch.view_as_real(torch.ones(H, modes, dtype=torch.cfloat)).clone())
+        self.C = nn.Parameter(torch.view_as_real(torch.randn(H, modes, dtype=torch.cfloat)))
+        self.D = nn.Parameter(torch.randn(H))
+        self.output_linear = nn.Linear(d_model, d_model, bias=False)
+        self.conv_input = Site("conv_input")
+        self.conv_output = Site("conv_output")
+        self.long_conv_input = Site("long_conv_input")
+        self.long_conv_output = Site("long_conv_output")
+
+    def diagonal_kernel(self, length: int) -> torch.Tensor:
+        """The diagonal SSM's convolution kernel, (length, H) float32.
+
+        Bilinear discretisation: dA = (1 + dt A / 2) / (1 - dt A / 2), dB = dt B / (1 - dt A / 2);
+        K[l] = 2 Re(sum_n C_n dB_n dA_n^l).
+        """
+        dt = torch.exp(self.log_dt.float())[:, None]  # (H, 1)
+        A = torch.complex(-torch.exp(self.inv_A_real.float()), self.A_imag.float())
+        dtA = dt * A
+        dA = (1 + dtA / 2) / (1 - dtA / 2)
+        dB = torch.view_as_complex(self.B.float()) * dt / (1 - dtA / 2)
+        CB = torch.view_as_complex(self.C.float()) * dB  # (H, modes)
+        steps = torch.arange(length, device=dt.device, dtype=torch.float32)
+        powers = torch.exp(torch.log(dA)[..., None] * steps)  # (H, modes, length)
+        K = 2 * torch.einsum("hn,hnl->hl", CB, powers).real
+        return K.transpose(0, 1)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        """u: (B, L, d_model) -> (B, L, d_model)."""
+        B, L, d = u.shape
+        H, P = self.num_heads, self.head_dim
+        q, k, v = self.q_proj(u), self.k_proj(u), self.v_proj(u)
+        k = self.conv_input(k)
+        k = fft_causal_conv(k, self.shift_C.transpose(0, 1)) + k * self.shift_D
+        k = self.conv_output(k)
+        kv = k.view(B, L, H, P, 1) * v.view(B, L, H, 1, P)  # (B, L, H, i, j)
+        kv = self.long_conv_input(kv.reshape(B, L, H * P * P))
+        kernel = self.diagonal_kernel(L).repeat_interleave(P * P, dim=1)  # (L, H * P * P)
+        y = fft_causal_conv(kv, kernel) + kv * self.D.repeat_interleave(P * P)
+        y = self.long_conv_output(y).view(B, L, H, P, P)
+        o = (q.view(B, L, H, P, 1) * y).sum(3)  # (B, L, H, j)
+        return self.output_linear(o.reshape(B, L, d))
+
+    def state_size(self, sequence_length: int) -> int:
+        """Floats carried between tokens: the shift SSM's N taps per channel and the diagonal
+        SSM's N // 2 complex modes per (head, i, j). (zoology counts only d_model * N.)"""
+        modes = self.d_state // 2
+        return self.d_model * self.d_state + self.num_heads * self.head_dim**2 * 2 * modes

@@ -1,0 +1,65 @@
+"""Hyena operator of order 2 (Poli et al. 2023), as zoology's `Hyena` builds it.
+
+x1, x2, v = split(short_conv(u W_in))        short filter width 3 over all 3 d channels
+v = v * x1                                   pre-gating
+v = h * v + D v                              implicit long filter h, skip D
+y = (v * x2) W_out                           post-gating, output projection
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mecheval.layers.long_conv import ImplicitFilter, fft_causal_conv
+from mecheval.layers.short_conv import ShortConvolution
+from mecheval.layers.sites import Site
+
+
+class Hyena(nn.Module):
+    """Hyena mixer.
+
+    Sites: `conv_input` / `conv_output` (B, L, 3 d_model), the short filter's input and output;
+    `long_conv_input` / `long_conv_output` (B, L, d_model), the gated v before and after the
+    long convolution (skip included).
+
+    Args:
+        d_model: channels in and out.
+        l_max: longest sequence.
+        filter_order: width of the implicit filter's MLP.
+        short_filter_order: width of the short filter.
+    """
+
+    def __init__(
+        self, d_model: int, l_max: int, filter_order: int = 64, short_filter_order: int = 3
+    ) -> None:
+        super().__init__()
+        self.d_model, self.l_max = d_model, l_max
+        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+        self.short_filter = ShortConvolution(
+            3 * d_model, short_filter_order, bias=False, activation=None
+        )
+        self.filter_fn = ImplicitFilter(d_model, l_max, order=filter_order)
+        self.D = nn.Parameter(torch.randn(d_model))
+        self.conv_input = Site("conv_input")
+        self.conv_output = Site("conv_output")
+        self.long_conv_input = Site("long_conv_input")
+        self.long_conv_output = Site("long_conv_output")
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        """u: (B, L, d_model) -> (B, L, d_model)."""
+        L, d = u.shape[1], self.d_model
+        p = self.conv_input(self.in_proj(u))
+        p = self.conv_output(self.short_filter(p)[0])
+        x1, x2, v = p.split(d, dim=-1)
+        v = self.long_conv_input(v * x1)
+        v = fft_causal_conv(v, self.filter_fn(L)) + v * self.D
+        v = self.long_conv_output(v)
+        return self.out_proj(v * x2)
+
+    def state_size(self, sequence_length: int) -> int:
+        """Floats carried between tokens: every past input of the long convolution and the
+        short filter's window."""
+        window = self.short_filter.kernel_size[0] - 1
+        return self.d_model * sequence_length + 3 * self.d_model * window

@@ -1,0 +1,134 @@
+"""Long causal convolutions (filters as long as the sequence) and Hyena's implicit filters.
+
+Long convolutions run through the FFT in PyTorch (no kernel: at the study's lengths they are
+small next to the projections). The implicit filter follows the Hyena paper (Poli et al. 2023)
+as zoology builds it: a small MLP with sine activations maps a positional encoding z(t) of each
+position to one filter value per channel, and an exponential decay window modulates it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def fft_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Causal convolution along time, per channel, through the FFT.
+
+    y[b, t, c] = sum_{s = 0..t} k[s, c] * u[b, t - s, c].
+
+    Args:
+        u: (B, L, C).
+        k: (K, C) filter, K >= 1; taps beyond L are ignored, missing taps count as zero.
+
+    Returns:
+        y (B, L, C) in u's dtype (computed in float32, or float64 for float64 inputs).
+    """
+    L = u.shape[1]
+    compute = torch.float64 if u.dtype == torch.float64 else torch.float32
+    k = k[:L]
+    n = 2 * L  # >= L + K - 1: no circular wrap-around into the first L outputs
+    u_f = torch.fft.rfft(u.to(compute), n=n, dim=1)
+    k_f = torch.fft.rfft(k.to(compute), n=n, dim=0)
+    y = torch.fft.irfft(u_f * k_f, n=n, dim=1)[:, :L]
+    return y.to(u.dtype)
+
+
+class Sin(nn.Module):
+    """sin(freq * x) with a learned frequency per feature (Hyena's filter activation).
+
+    Args:
+        dim: features.
+        frequency: initial frequency.
+    """
+
+    def __init__(self, dim: int, frequency: float = 1.0) -> None:
+        super().__init__()
+        self.freq = nn.Parameter(torch.full((1, dim), float(frequency)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(self.freq * x)
+
+
+class ImplicitFilter(nn.Module):
+    """A long filter h (L, C) given implicitly by an MLP of position, with exponential decay.
+
+    z(t) = [t / (l_max - 1), cos(f_j w_t), -sin(f_j w_t)], w_t = 2 pi t / l_max, bands
+    f_j = linspace(1e-4, bands - 1, bands), bands = (emb_dim - 1) // 2;
+    h(t) = MLP(z(t)) * exp(-|delta_c| t / (l_max - 1)), with the decay rates delta_c spread
+    linearly between log(target) / slow_decay_pct and log(target) / fast_decay_pct over the
+    channels. The MLP is Linear(emb_dim, order), Sin, `num_inner_mlps` x (Linear(order,
+    order), Sin), Linear(order, C, no bias); one Sin module (one set of frequencies) is shared
+    by all its activations, as in Hyena. z and the decay rates are fixed buffers.
+
+    Args:
+        channels: C.
+        l_max: longest sequence; the encoding is laid out for this length.
+        order: MLP width.
+        emb_dim: size of z (odd, >= 3).
+        num_inner_mlps: hidden Linear+Sin layers after the first.
+        frequency: initial Sin frequency.
+        fast_decay_pct, slow_decay_pct, target: decay window (Hyena's defaults).
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        l_max: int,
+        order: int = 64,
+        emb_dim: int = 3,
+        num_inner_mlps: int = 2,
+        frequency: float = 1.0,
+        fast_decay_pct: float = 0.3,
+        slow_decay_pct: float = 1.5,
+        target: float = 1e-2,
+    ) -> None:
+        super().__init__()
+        if emb_dim < 3 or emb_dim % 2 == 0:
+            raise ValueError(f"emb_dim must be odd and >= 3, got {emb_dim}")
+        self.channels, self.l_max, self.order = channels, l_max, order
+        t = torch.linspace(0, 1, l_max)[:, None]  # (L, 1)
+        bands = (emb_dim - 1) // 2
+        w = 2 * math.pi * torch.arange(l_max, dtype=torch.float32)[:, None] / l_max
+        f = torch.linspace(1e-4, bands - 1, bands)[None, :]
+        z = torch.cat([t, torch.cos(f * w), -torch.sin(f * w)], dim=-1)  # (L, emb_dim)
+        self.register_buffer("z", z, persistent=False)
+        self.register_buffer("t", t, persistent=False)
+        max_decay = math.log(target) / fast_decay_pct
+        min_decay = math.log(target) / slow_decay_pct
+        self.register_buffer(
+            "deltas", torch.linspace(min_decay, max_decay, channels)[None, :], persistent=False
+        )
+        act = Sin(order, frequency)
+        layers: list[nn.Module] = [nn.Linear(emb_dim, order), act]
+        for _ in range(num_inner_mlps):
+            layers += [nn.Linear(order, order), act]
+        layers.append(nn.Linear(order, channels, bias=False))
+        self.implicit_filter = nn.Sequential(*layers)
+
+    def forward(self, length: int) -> torch.Tensor:
+        """The filter's first `length` taps, (length, C), length <= l_max."""
+        h = self.implicit_filter(self.z[:length])
+        return h * torch.exp(-self.t[:length] * self.deltas.abs())
+
+
+class ImplicitLongConvolution(nn.Module):
+    """Causal long convolution with an implicit filter, plus the identity: y = h * u + u.
+
+    zoology's `ImplicitLongConvolution` (the long conv of BaseConv), filter MLP width 16.
+
+    Args:
+        d_model: channels.
+        l_max: longest sequence.
+        order: filter MLP width.
+    """
+
+    def __init__(self, d_model: int, l_max: int, order: int = 16) -> None:
+        super().__init__()
+        self.filter = ImplicitFilter(d_model, l_max, order=order)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        """u: (B, L, C) -> (B, L, C)."""
+        return fft_causal_conv(u, self.filter(u.shape[1])) + u

@@ -1,0 +1,180 @@
+"""Mamba (Gu & Dao 2023): the selective SSM mixer, drop-in for mamba-ssm's `Mamba` layer.
+
+Same constructor arguments, parameter names, shapes and initialisation as
+`mamba_ssm.modules.mamba_simple.Mamba`, so its state dict loads with `strict=True` and gives the
+same output:
+
+    x, z = split(u W_in)                                  (B, L, d_inner) each
+    x = silu(conv1d(x))                                   short causal depthwise conv, width d_conv
+    dt, B, C = split(x W_x)                               dt_rank, d_state, d_state
+    delta = softplus(dt W_dt + b_dt)                      (B, L, d_inner)
+    h_t = exp(delta_t A) h_{t-1} + delta_t B_t x_t        A = -exp(A_log), h_t (d_inner, d_state)
+    y_t = (h_t C_t + D x_t) * silu(z_t)
+    out = y W_out
+
+The conv runs through `kernels.causal_conv1d_fn`, the scan through `kernels.selective_scan_fn`
+(whichever backend the process default picks). No incremental decoding (`inference_params`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernels
+from mecheval.layers.sites import Site, StateSite
+
+
+class Mamba(nn.Module):
+    """Mamba mixer.
+
+    Sites: `conv_input` / `conv_output` (B, L, d_inner), x before the conv and after conv +
+    SiLU (absent with use_conv=False); `state` (B, d_inner, d_state) float32, the SSM state
+    after a position.
+
+    Args:
+        d_model: channels in and out.
+        d_state: SSM state size N per channel.
+        d_conv: short conv width (1..8; mamba-ssm's CUDA conv stops at 4).
+        expand: d_inner = expand * d_model.
+        dt_rank: rank of the delta projection; "auto" = ceil(d_model / 16).
+        dt_min, dt_max: range of the initial step sizes softplus(b_dt) (log-uniform).
+        dt_init: "random" (uniform +-dt_rank^-0.5 * dt_scale) or "constant" weights of dt_proj.
+        dt_scale: scale of that initialisation.
+        dt_init_floor: lower clamp of the initial step sizes.
+        conv_bias: whether the conv has a bias.
+        bias: whether in_proj and out_proj have biases.
+        use_fast_path: accepted for compatibility with mamba-ssm; kernels are picked by the
+            `kernels` backend instead, so it has no effect.
+        layer_idx: index of the layer in its model (kept for reference).
+        use_conv: (ours) False drops the conv entirely (no conv1d parameters), keeping only its
+            SiLU, the study's "Mamba without conv".
+        device: parameter device.
+        dtype: parameter dtype.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int = 16,
+        d_conv: int = 4,
+        expand: int = 2,
+        dt_rank: int | str = "auto",
+        dt_min: float = 0.001,
+        dt_max: float = 0.1,
+        dt_init: str = "random",
+        dt_scale: float = 1.0,
+        dt_init_floor: float = 1e-4,
+        conv_bias: bool = True,
+        bias: bool = False,
+        use_fast_path: bool = True,
+        layer_idx: int | None = None,
+        use_conv: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.d_model, self.d_state, self.d_conv, self.expand = d_model, d_state, d_conv, expand
+        self.d_inner = int(expand * d_model)
+        self.dt_rank = math.ceil(d_model / 16) if dt_rank == "auto" else int(dt_rank)
+        self.use_fast_path, self.layer_idx, self.use_conv = use_fast_path, layer_idx, use_conv
+
+        self.in_proj = nn.Linear(d_model, 2 * self.d_inner, bias=bias, **factory)
+        if use_conv:
+            if not 1 <= d_conv <= 8:
+                raise ValueError(f"d_conv must be in 1..8, got {d_conv}")
+            self.conv1d = nn.Conv1d(
+                self.d_inner,
+                self.d_inner,
+                kernel_size=d_conv,
+                groups=self.d_inner,
+                padding=d_conv - 1,
+                bias=conv_bias,
+                **factory,
+            )
+            self.conv_input = Site("conv_input")
+            self.conv_output = Site("conv_output")
+        self.activation = "silu"
+        self.x_proj = nn.Linear(self.d_inner, self.dt_rank + 2 * d_state, bias=False, **factory)
+        self.dt_proj = nn.Linear(self.dt_rank, self.d_inner, bias=True, **factory)
+
+        # Initialise dt_proj so that delta starts with the variance mamba-ssm gives it, and its
+        # bias so that softplus(bias) is log-uniform in [dt_min, dt_max].
+        dt_init_std = self.dt_rank**-0.5 * dt_scale
+        if dt_init == "constant":
+            nn.init.constant_(self.dt_proj.weight, dt_init_std)
+        elif dt_init == "random":
+            nn.init.uniform_(self.dt_proj.weight, -dt_init_std, dt_init_std)
+        else:
+            raise ValueError(f"dt_init must be 'random' or 'constant', got {dt_init!r}")
+        dt = torch.exp(
+            torch.rand(self.d_inner, **factory) * (math.log(dt_max) - math.log(dt_min))
+            + math.log(dt_min)
+        ).clamp(min=dt_init_floor)
+        inv_dt = dt + torch.log(-torch.expm1(-dt))  # inverse of softplus
+        with torch.no_grad():
+            self.dt_proj.bias.copy_(inv_dt)
+        self.dt_proj.bias._no_reinit = True  # model-level inits leave it alone
+
+        # S4D-real initialisation: A = -(1, 2, ..., N) for every channel; kept in float32.
+        A = torch.arange(1, d_state + 1, dtype=torch.float32, device=device).repeat(self.d_inner, 1)
+        self.A_log = nn.Parameter(torch.log(A))
+        self.A_log._no_weight_decay = True
+        self.D = nn.Parameter(torch.ones(self.d_inner, device=device))
+        self.D._no_weight_decay = True
+        self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias, **factory)
+        self.state = StateSite("state")
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """hidden_states: (B, L, d_model) -> (B, L, d_model)."""
+        batch, length, _ = hidden_states.shape
+        x, z = self.in_proj(hidden_states).chunk(2, dim=-1)  # (B, L, d_inner) each
+        if self.use_conv:
+            x = self.conv_input(x)
+            x = kernels.causal_conv1d_fn(
+                x.transpose(1, 2), self.conv1d.weight[:, 0, :], self.conv1d.bias, "silu"
+            ).transpose(1, 2)
+            x = self.conv_output(x)
+        else:
+            x = F.silu(x)
+        dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        delta = F.linear(dt, self.dt_proj.weight)  # bias added (then softplus) in the scan
+
+        u, delta, z = x.transpose(1, 2), delta.transpose(1, 2), z.transpose(1, 2)  # (B, D, L)
+        B, C = B.transpose(1, 2), C.transpose(1, 2)  # (B, N, L)
+        A = -torch.exp(self.A_log.float())
+        D, delta_bias = self.D.float(), self.dt_proj.bias.float()
+
+        def run_segment(start: int, stop: int, initial_state: torch.Tensor | None):
+            t = slice(start, stop)
+            return kernels.selective_scan_fn(
+                u[..., t],
+                delta[..., t],
+                A,
+                B[..., t],
+                C[..., t],
+                D,
+                z=z[..., t],
+                delta_bias=delta_bias,
+                delta_softplus=True,
+                return_last_state=True,
+                initial_state=initial_state,
+            )
+
+        if self.state.active:
+            y = self.state.scan(run_segment, length, batch, time_dim=-1)
+        else:
+            y = kernels.selective_scan_fn(
+                u, delta, A, B, C, D, z=z, delta_bias=delta_bias, delta_softplus=True
+            )
+        return self.out_proj(y.transpose(1, 2))
+
+    def state_size(self, sequence_length: int) -> int:
+        """Floats carried between tokens: the SSM state d_inner * d_state plus the conv's
+        last d_conv - 1 inputs. (zoology counts only the SSM state.)"""
+        window = self.d_conv - 1 if self.use_conv else 0
+        return self.d_inner * (self.d_state + window)

@@ -1,0 +1,25 @@
+"""The feed-forward block of a Transformer block: Linear, GELU, Linear, no biases."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MLP(nn.Module):
+    """fc2(gelu(fc1(x))).
+
+    Args:
+        d_model: channels in and out.
+        hidden_mult: hidden width = hidden_mult * d_model.
+    """
+
+    def __init__(self, d_model: int, hidden_mult: int = 4) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, hidden_mult * d_model, bias=False)
+        self.fc2 = nn.Linear(hidden_mult * d_model, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (B, L, d_model) -> (B, L, d_model)."""
+        return self.fc2(F.gelu(self.fc1(x)))

@@ -1,0 +1,137 @@
+"""Blocks: a sequence mixer wrapped with norms, residual adds and (except Mamba) an MLP.
+
+Every block's `forward` takes the residual stream (B, L, d_model) as its first positional
+argument and returns the new residual stream, so forward hooks on blocks see the stream.
+
+Block sites (`Site` submodules, named as the attributes below):
+    block_input   the residual stream entering the block
+    mixer_input   the normalised stream the mixer reads
+    mixer_output  the mixer's output, before the residual add
+    mlp_input     the normalised stream the MLP reads         (Transformer blocks only)
+    mlp_output    the MLP's output, before the residual add   (Transformer blocks only)
+    block_output  the residual stream leaving the block
+plus the sites inside the mixer (conv_input, state, ...).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mecheval.layers import (
+    H3,
+    MLP,
+    BaseConv,
+    BasedLinearAttention,
+    CausalSelfAttention,
+    DeltaNet,
+    Hyena,
+    Mamba,
+    Site,
+)
+from mecheval.models.config import ModelConfig
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LayerNorm block: x + mixer(LN(x)), then + MLP(LN(.)) with hidden 4 d and GELU.
+
+    Args:
+        d_model: residual width.
+        mixer: the sequence mixer, (B, L, d_model) -> (B, L, d_model).
+    """
+
+    def __init__(self, d_model: int, mixer: nn.Module) -> None:
+        super().__init__()
+        self.block_input = Site("block_input")
+        self.norm1 = nn.LayerNorm(d_model, bias=False)
+        self.mixer_input = Site("mixer_input")
+        self.mixer = mixer
+        self.mixer_output = Site("mixer_output")
+        self.norm2 = nn.LayerNorm(d_model, bias=False)
+        self.mlp_input = Site("mlp_input")
+        self.mlp = MLP(d_model, hidden_mult=4)
+        self.mlp_output = Site("mlp_output")
+        self.block_output = Site("block_output")
+
+    def forward(self, residual: torch.Tensor) -> torch.Tensor:
+        """residual: (B, L, d_model) -> (B, L, d_model)."""
+        residual = self.block_input(residual)
+        h = self.mixer_output(self.mixer(self.mixer_input(self.norm1(residual))))
+        residual = residual + h
+        h = self.mlp_output(self.mlp(self.mlp_input(self.norm2(residual))))
+        return self.block_output(residual + h)
+
+
+class MambaBlock(nn.Module):
+    """Mamba block: x + Mamba(RMSNorm(x)), no MLP.
+
+    Args:
+        d_model: residual width.
+        mixer: the Mamba layer.
+        norm_eps: RMSNorm epsilon.
+    """
+
+    def __init__(self, d_model: int, mixer: nn.Module, norm_eps: float = 1e-5) -> None:
+        super().__init__()
+        self.block_input = Site("block_input")
+        self.norm = nn.RMSNorm(d_model, eps=norm_eps)
+        self.mixer_input = Site("mixer_input")
+        self.mixer = mixer
+        self.mixer_output = Site("mixer_output")
+        self.block_output = Site("block_output")
+
+    def forward(self, residual: torch.Tensor) -> torch.Tensor:
+        """residual: (B, L, d_model) -> (B, L, d_model)."""
+        residual = self.block_input(residual)
+        h = self.mixer_output(self.mixer(self.mixer_input(self.norm(residual))))
+        return self.block_output(residual + h)
+
+
+def build_mixer(config: ModelConfig, layer_idx: int) -> nn.Module:
+    """The sequence mixer of layer `layer_idx` for `config` (SPEC section 3).
+
+    base_conv alternates a short conv (even layers) and an implicit long conv (odd layers);
+    based alternates a BaseConv short conv (even) and Based linear attention (odd), as zoology
+    configures them for the study (so a 1-layer based model is a single BaseConv layer).
+    """
+    arch, d, o = config.arch, config.d_model, config.option
+    if arch == "attention":
+        return CausalSelfAttention(d, num_heads=o("num_heads"))
+    if arch == "base_conv":
+        width = o("d_conv") if layer_idx % 2 == 0 else -1
+        return BaseConv(d, config.max_len, kernel_size=width, filter_order=o("filter_order"))
+    if arch == "based":
+        if layer_idx % 2 == 0:
+            return BaseConv(d, config.max_len, kernel_size=o("d_conv"))
+        return BasedLinearAttention(d, feature_dim=o("feature_dim"), num_heads=o("num_heads"))
+    if arch == "h3":
+        return H3(d, d_state=o("d_state"), head_dim=o("head_dim"))
+    if arch == "hyena":
+        return Hyena(
+            d, config.max_len, filter_order=o("filter_order"), short_filter_order=o("d_conv")
+        )
+    if arch in ("mamba", "mamba_noconv"):
+        return Mamba(
+            d,
+            d_state=o("d_state"),
+            d_conv=o("d_conv") or 4,
+            expand=o("expand"),
+            layer_idx=layer_idx,
+            use_conv=arch == "mamba",
+        )
+    if arch in ("deltanet", "deltanet_noconv"):
+        return DeltaNet(
+            d_model=d,
+            num_heads=o("num_heads"),
+            use_short_conv=arch == "deltanet",
+            conv_size=o("d_conv") or 4,
+            layer_idx=layer_idx,
+        )
+    raise ValueError(f"unknown arch {arch!r}")  # unreachable: ModelConfig validates arch
+
+
+def build_block(config: ModelConfig, layer_idx: int) -> nn.Module:
+    mixer = build_mixer(config, layer_idx)
+    if config.arch in ("mamba", "mamba_noconv"):
+        return MambaBlock(config.d_model, mixer)
+    return TransformerBlock(config.d_model, mixer)

@@ -1,0 +1,152 @@
+"""ModelConfig: the typed, validated description of one model of the study.
+
+Fields are plain (str / int / bool / None) so that `dataclasses.asdict(config)` round-trips
+through YAML and `ModelConfig(**d)` rebuilds the same model. Options left None take the
+architecture's default (SPEC section 3); options that do not apply to the architecture must
+stay None, and setting one is an error that names it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import KW_ONLY, dataclass
+
+ARCHITECTURES: tuple[str, ...] = (
+    "attention",
+    "base_conv",
+    "based",
+    "h3",
+    "hyena",
+    "mamba",
+    "mamba_noconv",
+    "deltanet",
+    "deltanet_noconv",
+)
+
+# Architecture -> {option: default}. An option absent here does not apply to the architecture.
+# d_state None for h3 means "max_len" (the study sets H3's state size to the sequence length).
+_DEFAULTS: dict[str, dict[str, object]] = {
+    "attention": {"position_embeddings": True, "num_heads": 1},
+    "base_conv": {"position_embeddings": False, "d_conv": 3, "filter_order": 16},
+    "based": {"position_embeddings": False, "d_conv": 3, "feature_dim": 8, "num_heads": 1},
+    "h3": {"position_embeddings": False, "d_state": None, "head_dim": 2},
+    "hyena": {"position_embeddings": False, "d_conv": 3, "filter_order": 64},
+    "mamba": {"position_embeddings": False, "d_state": 16, "d_conv": 4, "expand": 2},
+    "mamba_noconv": {"position_embeddings": False, "d_state": 16, "expand": 2},
+    "deltanet": {"position_embeddings": False, "d_conv": 4, "num_heads": 1},
+    "deltanet_noconv": {"position_embeddings": False, "num_heads": 1},
+}
+
+# Valid short-conv widths per architecture: the study's Mamba ablation covers 1..4 (and
+# mamba-ssm's CUDA conv stops there); elsewhere the kernel's range 1..8.
+_D_CONV_RANGE = {"mamba": (1, 4)}
+_DEFAULT_D_CONV_RANGE = (1, 8)
+
+OPTIONS = (
+    "position_embeddings",
+    "d_state",
+    "d_conv",
+    "expand",
+    "num_heads",
+    "head_dim",
+    "feature_dim",
+    "filter_order",
+)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One model: architecture, sizes and architecture options.
+
+    Attributes:
+        arch: one of ARCHITECTURES.
+        vocab_size: tokens; the embedding is tied to the output head.
+        d_model: width of the residual stream.
+        n_layers: blocks.
+        max_len: longest sequence the model accepts (position embeddings, long filters and
+            H3's default state size are laid out for it).
+        position_embeddings: learned absolute position embeddings (default: attention only).
+        d_state: SSM state size: mamba (16), h3 (max_len).
+        d_conv: short conv width: mamba (4; 1..4), deltanet (4), base_conv / based layer-0
+            short conv (3), hyena short filter (3).
+        expand: mamba's d_inner / d_model (2).
+        num_heads: attention, based, deltanet (1).
+        head_dim: h3 (2).
+        feature_dim: based's feature dimension before the Taylor map (8).
+        filter_order: width of the implicit long filter's MLP: hyena (64), base_conv's long
+            convs (16).
+    """
+
+    arch: str
+    vocab_size: int
+    d_model: int
+    n_layers: int = 2
+    _: KW_ONLY
+    max_len: int
+    position_embeddings: bool | None = None
+    d_state: int | None = None
+    d_conv: int | None = None
+    expand: int | None = None
+    num_heads: int | None = None
+    head_dim: int | None = None
+    feature_dim: int | None = None
+    filter_order: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHITECTURES:
+            raise ValueError(f"unknown arch {self.arch!r}; expected one of {ARCHITECTURES}")
+        for name in ("vocab_size", "d_model", "n_layers", "max_len"):
+            _check_int(name, getattr(self, name), minimum=1)
+        defaults = _DEFAULTS[self.arch]
+        not_applicable = [
+            name for name in OPTIONS if getattr(self, name) is not None and name not in defaults
+        ]
+        if not_applicable:
+            raise ValueError(
+                f"option(s) {', '.join(not_applicable)} do not apply to arch {self.arch!r} "
+                f"(its options: {', '.join(defaults)})"
+            )
+        if self.position_embeddings is not None and not isinstance(self.position_embeddings, bool):
+            raise ValueError(
+                f"position_embeddings must be a bool or None, got {self.position_embeddings!r}"
+            )
+        for name in ("d_state", "expand", "num_heads", "head_dim", "feature_dim", "filter_order"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), minimum=1)
+        if self.d_conv is not None:
+            lo, hi = _D_CONV_RANGE.get(self.arch, _DEFAULT_D_CONV_RANGE)
+            _check_int("d_conv", self.d_conv, minimum=lo, maximum=hi)
+        heads = self.option("num_heads")
+        if heads is not None and self.d_model % heads:
+            raise ValueError(f"d_model {self.d_model} must be divisible by num_heads {heads}")
+        if self.arch == "h3":
+            head_dim = self.option("head_dim")
+            if self.d_model % head_dim:
+                raise ValueError(f"d_model {self.d_model} must be divisible by head_dim {head_dim}")
+            if self.option("d_state") < 2:
+                raise ValueError(f"h3 needs d_state >= 2, got {self.option('d_state')}")
+
+    def option(self, name: str) -> object:
+        """The option's value: as set, else the architecture's default (None if n/a)."""
+        value = getattr(self, name)
+        if value is not None:
+            return value
+        if self.arch == "h3" and name == "d_state":
+            return self.max_len
+        return _DEFAULTS[self.arch].get(name)
+
+    def resolved(self) -> dict[str, object]:
+        """Every option that applies to the architecture, with defaults filled in."""
+        return {name: self.option(name) for name in _DEFAULTS[self.arch]}
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bounds = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        raise ValueError(f"{name} must be {bounds}, got {value}")

@@ -1,0 +1,272 @@
+"""LanguageModel: embedding, blocks, final LayerNorm, tied output head, and named sites.
+
+    logits = model(tokens)                                  (B, L) -> (B, L, vocab_size)
+    logits = model.forward_from(layer, residual)            run blocks layer.. on a residual
+    model(tokens) == model.forward_from(0, model.embed(tokens))
+
+Sites are named "layers.{i}.{site}" (see `site_names()`); `intervene(...)` reads and patches
+them for one forward pass (see its docstring). Outside `intervene` a site is a module call that
+returns its input: no hooks, no copies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mecheval.layers import Site, SitePlan, StateSite
+from mecheval.models.blocks import build_block
+from mecheval.models.config import ModelConfig
+
+# Output projections that write into the residual stream: GPT-2 scales their initial weights.
+_RESIDUAL_OUTPUTS = (
+    "out_proj.weight",
+    "fc2.weight",
+    "o_proj.weight",
+    "proj_o.weight",
+    "output_linear.weight",
+)
+INITIALIZER_RANGE = 0.02
+
+
+class InterventionRecord(dict):
+    """The reads of one intervention: site name -> tensor."""
+
+    def __missing__(self, name: str) -> torch.Tensor:
+        raise KeyError(
+            f"no activation recorded for site {name!r}: it was not read, or the forward pass "
+            "did not reach it (forward_from skips earlier layers)"
+        )
+
+
+class LanguageModel(nn.Module):
+    """A model of the study: token embedding (tied to the output head), optional learned
+    position embeddings, `config.n_layers` blocks, final LayerNorm.
+
+    Args:
+        config: the validated `ModelConfig`.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        d = config.d_model
+        self.embedding = nn.Embedding(config.vocab_size, d)
+        if config.option("position_embeddings"):
+            self.position_embedding = nn.Embedding(config.max_len, d)
+        else:
+            self.position_embedding = None
+        self.layers = nn.ModuleList(build_block(config, i) for i in range(config.n_layers))
+        self.norm_f = nn.LayerNorm(d, bias=False)
+        self._init_weights()
+        self._sites = self._collect_sites()
+        self._intervening = False
+
+    # -- forward ---------------------------------------------------------------------------
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, L) integer, L <= max_len -> residual stream (B, L, d_model)."""
+        if tokens.dim() != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+            raise ValueError(
+                f"tokens must be a (B, L) integer tensor, got {tokens.dtype} of shape "
+                f"{tuple(tokens.shape)}"
+            )
+        length = tokens.shape[1]
+        if not 1 <= length <= self.config.max_len:
+            raise ValueError(
+                f"sequence length {length} must be in 1..max_len={self.config.max_len}"
+            )
+        x = self.embedding(tokens)
+        if self.position_embedding is not None:
+            x = x + self.position_embedding.weight[:length]
+        return x
+
+    def forward_from(self, layer_index: int, residual: torch.Tensor) -> torch.Tensor:
+        """Run blocks layer_index..n_layers-1, the final norm and the tied head.
+
+        Args:
+            layer_index: first block to run, 0..n_layers (n_layers: norm and head only).
+            residual: (B, L, d_model), the residual stream entering that block.
+
+        Returns:
+            logits (B, L, vocab_size).
+        """
+        if not 0 <= layer_index <= len(self.layers):
+            raise ValueError(f"layer_index must be in 0..{len(self.layers)}, got {layer_index}")
+        if residual.dim() != 3 or residual.shape[-1] != self.config.d_model:
+            raise ValueError(
+                f"residual must have shape (B, L, {self.config.d_model}), "
+                f"got {tuple(residual.shape)}"
+            )
+        if residual.shape[1] > self.config.max_len:
+            raise ValueError(
+                f"sequence length {residual.shape[1]} exceeds max_len={self.config.max_len}"
+            )
+        for block in self.layers[layer_index:]:
+            residual = block(residual)
+        return F.linear(self.norm_f(residual), self.embedding.weight)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, L) integer -> logits (B, L, vocab_size)."""
+        return self.forward_from(0, self.embed(tokens))
+
+    # -- sizes -----------------------------------------------------------------------------
+
+    def num_params(self) -> int:
+        """Trainable parameters, the tied embedding counted once."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def state_size(self, sequence_length: int | None = None) -> int:
+        """Floats of state one sequence carries from token to token when generating, summed
+        over layers, after `sequence_length` tokens (default max_len).
+
+        Per mixer: attention keeps its key/value cache (2 d L); Mamba its SSM state
+        (d_inner d_state) and conv window (d_inner (d_conv - 1)); DeltaNet its state
+        (H K V) and three conv windows; Based its KV and normaliser state over the symmetric
+        Taylor features; H3 its shift-SSM taps and diagonal-SSM modes; long convolutions
+        (Hyena, BaseConv's long conv) every past input (d L) plus short-conv windows; a short
+        conv its last W - 1 inputs. MLPs and norms carry nothing. zoology counts fewer terms
+        for some mixers (only the SSM state for Mamba, only d N for H3); each mixer's
+        `state_size` says which.
+        """
+        length = self.config.max_len if sequence_length is None else sequence_length
+        return sum(block.mixer.state_size(length) for block in self.layers)
+
+    # -- sites -----------------------------------------------------------------------------
+
+    def _collect_sites(self) -> dict[str, Site | StateSite]:
+        sites: dict[str, Site | StateSite] = {}
+        for i, block in enumerate(self.layers):
+            for module in block.modules():
+                if isinstance(module, (Site, StateSite)):
+                    name = f"layers.{i}.{module.name}"
+                    if name in sites:
+                        raise RuntimeError(f"two sites named {name}")  # a bug in a layer
+                    sites[name] = module
+        return sites
+
+    def site_names(self) -> list[str]:
+        """Every site, in the order the forward pass reaches them, e.g. "layers.0.conv_input"."""
+        return list(self._sites)
+
+    def site(self, name: str) -> Site | StateSite:
+        """The module of a site (forward hooks on a `Site` see its (B, L, C) activation)."""
+        self._check_names([name])
+        return self._sites[name]
+
+    def _check_names(self, names) -> None:
+        unknown = [n for n in names if n not in self._sites]
+        if unknown:
+            raise ValueError(
+                f"unknown site(s) {', '.join(map(repr, unknown))} for this "
+                f"{self.config.arch} model; see site_names()"
+            )
+
+    @contextmanager
+    def intervene(
+        self,
+        reads: Mapping[str, torch.Tensor | None] | None = None,
+        patches: Mapping[str, tuple[torch.Tensor | None, torch.Tensor]] | None = None,
+    ) -> Iterator[InterventionRecord]:
+        """Read and patch named sites during the forward passes run inside the block.
+
+        Args:
+            reads: site name -> positions (B,) integer (one position per batch row; rows may
+                differ) or None (the whole activation).
+            patches: site name -> (positions (B,), values). Values are (B, C) for a (B, L, C)
+                site, (B, *state_shape) for a `state` site; positions None with values
+                (B, L, C) replaces a whole (B, L, C) activation.
+
+        Yields:
+            a dict, filled during the forward pass: site name -> the read activation, (B, C)
+            at the row's position or (B, L, C) for positions None; for `state` sites the
+            state after the row's position, (B, d_inner, d_state) for Mamba or
+            (B, H, K, V) for DeltaNet, float32 ((B, L, ...) for None).
+
+        Semantics: a patch replaces the activation at (row, position) and the forward pass
+        continues from it. A read records the activation after any patch at the same site.
+        Patching `state` at position p replaces the state after p: the scan is split after p
+        and continues from the patched state, so outputs from p + 1 on see it. Reads keep
+        their autograd graph (run under torch.no_grad() to avoid that). A later forward pass
+        inside the same block overwrites the record. Blocks do not nest.
+        """
+        reads = dict(reads or {})
+        patches = dict(patches or {})
+        self._check_names([*reads, *patches])
+        if self._intervening:
+            raise RuntimeError("model.intervene(...) blocks do not nest")
+        record = InterventionRecord()
+        plans: dict[str, SitePlan] = {}
+        for name, positions in reads.items():
+            _check_positions(name, "read", positions, allow_none=True)
+            plan = plans.setdefault(name, SitePlan(name=name, record=record))
+            plan.read, plan.read_positions = True, positions
+        for name, patch in patches.items():
+            if not (isinstance(patch, tuple) and len(patch) == 2):
+                raise ValueError(f"patch of site {name!r} must be a (positions, values) tuple")
+            positions, values = patch
+            _check_positions(name, "patch", positions, allow_none=True)
+            if not isinstance(values, torch.Tensor):
+                raise ValueError(f"patch values of site {name!r} must be a tensor")
+            plan = plans.setdefault(name, SitePlan(name=name, record=record))
+            plan.patch_positions, plan.patch_values = positions, values
+        self._intervening = True
+        try:
+            for name, plan in plans.items():
+                self._sites[name].plan = plan
+            yield record
+        finally:
+            for name in plans:
+                self._sites[name].plan = None
+            self._intervening = False
+
+    # -- initialisation ---------------------------------------------------------------------
+
+    def _init_weights(self) -> None:
+        """GPT-2 / zoology scheme for most models; mamba-ssm's LM scheme for Mamba models.
+
+        Default: every Linear weight ~ N(0, 0.02) (zoology's init, filter MLPs included),
+        Linear biases 0, embeddings ~ N(0, 0.02), residual output projections ~ N(0, 0.02 /
+        sqrt(2 n_layers)); convolutions and SSM parameters keep their layers' own inits.
+        Mamba models: embeddings ~ N(0, 0.02), out_proj ~ kaiming-uniform / sqrt(n_layers),
+        every other Mamba parameter keeps mamba-ssm's layer init (dt, A_log, D included).
+        """
+        n_layers = self.config.n_layers
+        mamba = self.config.arch in ("mamba", "mamba_noconv")
+        for module in self.modules():
+            if isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=INITIALIZER_RANGE)
+            elif isinstance(module, nn.Linear):
+                if not mamba:
+                    nn.init.normal_(module.weight, std=INITIALIZER_RANGE)
+                if module.bias is not None and not getattr(module.bias, "_no_reinit", False):
+                    nn.init.zeros_(module.bias)
+        for name, p in self.named_parameters():
+            if name.endswith(_RESIDUAL_OUTPUTS):
+                with torch.no_grad():
+                    if mamba:
+                        nn.init.kaiming_uniform_(p, a=math.sqrt(5))
+                        p /= math.sqrt(n_layers)
+                    else:
+                        nn.init.normal_(p, std=INITIALIZER_RANGE / math.sqrt(2 * n_layers))
+
+
+def _check_positions(name: str, what: str, positions: object, allow_none: bool) -> None:
+    if positions is None and allow_none:
+        return
+    if (
+        not isinstance(positions, torch.Tensor)
+        or positions.dim() != 1
+        or positions.dtype.is_floating_point
+        or positions.dtype.is_complex
+        or positions.dtype == torch.bool
+    ):
+        raise ValueError(
+            f"{what} positions of site {name!r} must be a (B,) integer tensor or None, "
+            f"got {positions!r:.80}"
+        )

@@ -1,0 +1,145 @@
+"""ModelConfig and build_model: defaults per SPEC, round trips, refused configurations."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from mecheval.layers import H3, BaseConv, BasedLinearAttention, Mamba
+from mecheval.models import ARCHITECTURES, ModelConfig, build_model, build_model_from_config
+from mecheval.models.blocks import MambaBlock, TransformerBlock
+
+
+def test_architectures_cover_the_study():
+    assert set(ARCHITECTURES) >= {
+        "attention",
+        "base_conv",
+        "based",
+        "h3",
+        "hyena",
+        "mamba",
+        "mamba_noconv",
+        "deltanet",
+        "deltanet_noconv",
+    }
+
+
+def test_position_embeddings_default_to_attention_only():
+    for arch in ARCHITECTURES:
+        model = build_model(arch, 50, 16, max_len=8)
+        assert (model.position_embedding is not None) == (arch == "attention"), arch
+    assert (
+        build_model("attention", 50, 16, max_len=8, position_embeddings=False).position_embedding
+        is None
+    )
+    assert (
+        build_model("mamba", 50, 16, max_len=8, position_embeddings=True).position_embedding
+        is not None
+    )
+
+
+def test_spec_defaults():
+    mamba = build_model("mamba", 50, 16, max_len=8)
+    assert all(isinstance(b, MambaBlock) for b in mamba.layers)
+    m = mamba.layers[0].mixer
+    assert isinstance(m, Mamba) and (m.d_state, m.d_conv, m.expand) == (16, 4, 2)
+    assert not hasattr(build_model("mamba_noconv", 50, 16, max_len=8).layers[0].mixer, "conv1d")
+    assert build_model("mamba", 50, 16, max_len=8, d_conv=2).layers[1].mixer.conv1d.kernel_size == (
+        2,
+    )
+    h3 = build_model("h3", 50, 16, max_len=37).layers[0].mixer
+    assert isinstance(h3, H3) and (h3.d_state, h3.head_dim) == (37, 2)
+    bc = build_model("base_conv", 50, 16, n_layers=3, max_len=8)
+    kinds = [b.mixer.is_long for b in bc.layers]
+    assert kinds == [False, True, False] and bc.layers[0].mixer.kernel_size == 3
+    based = build_model("based", 50, 16, max_len=8)
+    assert isinstance(based.layers[0].mixer, BaseConv) and not based.layers[0].mixer.is_long
+    assert isinstance(based.layers[1].mixer, BasedLinearAttention)
+    assert based.layers[1].mixer.feature_dim == 8 and based.layers[1].mixer.num_heads == 1
+    hyena = build_model("hyena", 50, 16, max_len=8).layers[0].mixer
+    assert hyena.filter_fn.order == 64 and hyena.short_filter.kernel_size == (3,)
+    assert all(
+        isinstance(b, TransformerBlock) for b in build_model("deltanet", 50, 16, max_len=8).layers
+    )
+    dn = build_model("deltanet", 50, 16, max_len=8).layers[0].mixer
+    assert dn.num_heads == 1 and dn.conv_size == 4 and dn.use_short_conv and dn.qk_norm == "l2"
+    assert not build_model("deltanet_noconv", 50, 16, max_len=8).layers[0].mixer.use_short_conv
+
+
+def test_no_bias_terms_outside_mamba_ssm_and_filters():
+    """SPEC: no bias terms. Mamba keeps mamba-ssm's conv and dt biases (the study's Mamba is
+    mamba-ssm's with bias=False); the implicit filters' MLPs keep theirs."""
+    for arch in ARCHITECTURES:
+        model = build_model(arch, 50, 16, max_len=8)
+        for name, _ in model.named_parameters():
+            if name.endswith("bias"):
+                assert "implicit_filter" in name or name.endswith(
+                    ("conv1d.bias", "dt_proj.bias")
+                ), (arch, name)
+
+
+def test_config_round_trips_through_a_plain_dict():
+    config = ModelConfig("mamba", 8195, 64, max_len=37, d_conv=2)
+    plain = dataclasses.asdict(config)
+    assert all(isinstance(v, (str, int, float, bool, type(None))) for v in plain.values())
+    assert ModelConfig(**plain) == config
+    a, b = build_model_from_config(config), build_model_from_config(ModelConfig(**plain))
+    assert set(a.state_dict()) == set(b.state_dict())
+    assert config.resolved() == {
+        "position_embeddings": False,
+        "d_state": 16,
+        "d_conv": 2,
+        "expand": 2,
+    }
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(arch="transformer"), "unknown arch 'transformer'"),
+        (dict(d_model=0), "d_model must be >= 1"),
+        (dict(vocab_size=-3), "vocab_size"),
+        (dict(n_layers=0), "n_layers"),
+        (dict(max_len=0), "max_len"),
+        (dict(d_model=16.0), "d_model must be an int"),
+        (dict(n_layers=True), "n_layers must be an int"),
+        (dict(arch="attention", d_state=16), "d_state do not apply to arch 'attention'"),
+        (dict(arch="mamba_noconv", d_conv=4), "d_conv do not apply"),
+        (dict(arch="mamba", feature_dim=8, num_heads=2), "num_heads, feature_dim do not apply"),
+        (dict(arch="mamba", d_conv=5), "d_conv must be in 1..4"),
+        (dict(arch="mamba", d_conv=0), "d_conv must be in 1..4"),
+        (dict(arch="deltanet", d_conv=9), "d_conv must be in 1..8"),
+        (dict(arch="attention", num_heads=3), "divisible by num_heads 3"),
+        (dict(arch="h3", head_dim=3), "divisible by head_dim 3"),
+        (dict(arch="h3", d_state=1), "d_state >= 2"),
+        (dict(arch="mamba", expand=0), "expand must be >= 1"),
+        (dict(arch="attention", position_embeddings=1), "position_embeddings must be a bool"),
+    ],
+)
+def test_bad_configurations_are_refused(kwargs, match):
+    base = dict(arch="mamba", vocab_size=50, d_model=16, n_layers=2, max_len=8)
+    base.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(**base)
+
+
+def test_build_model_refuses_unknown_options():
+    with pytest.raises(ValueError, match="unknown model option.*dropout.*n_layer"):
+        build_model("attention", 50, 16, max_len=8, dropout=0.1, n_layer=2)
+    with pytest.raises(TypeError):
+        build_model_from_config({"arch": "attention"})
+
+
+def test_model_refuses_bad_inputs():
+    import torch
+
+    model = build_model("attention", 50, 16, max_len=8)
+    with pytest.raises(ValueError, match="max_len=8"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+    with pytest.raises(ValueError, match="integer"):
+        model(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match="layer_index"):
+        model.forward_from(3, torch.zeros(1, 4, 16))
+    with pytest.raises(ValueError, match="residual"):
+        model.forward_from(0, torch.zeros(1, 4, 15))
