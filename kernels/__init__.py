@@ -9,6 +9,14 @@ This package imports torch and triton only, never mecheval.
 
 from kernels.backend import get_backend, set_backend, use_backend
 from kernels.delta_rule import chunk_delta_rule
+from kernels.selective_scan import selective_scan_fn
 from kernels.short_conv import causal_conv1d_fn
 
-__all__ = ["causal_conv1d_fn", "chunk_delta_rule", "get_backend", "set_backend", "use_backend"]
+__all__ = [
+    "causal_conv1d_fn",
+    "chunk_delta_rule",
+    "get_backend",
+    "selective_scan_fn",
+    "set_backend",
+    "use_backend",
+]

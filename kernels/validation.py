@@ -67,6 +67,30 @@ def check_tensor(
         sizes.setdefault(n, got)
 
 
+def check_tensor_layouts(
+    op: str,
+    name: str,
+    t: object,
+    layouts: tuple[str, ...],
+    sizes: dict[str, int],
+    dtypes: tuple[torch.dtype, ...] = TORCH_DTYPES,
+) -> str:
+    """Check `t` against whichever of several layouts (of distinct ranks) its rank selects.
+
+    E.g. layouts ("D N", "B N L", "B G N L") for Mamba's B; returns the layout that matched.
+    """
+    by_rank = {len(dims.split()): dims for dims in layouts}
+    if isinstance(t, torch.Tensor) and t.dim() not in by_rank:
+        listed = " or ".join("(" + ", ".join(dims.split()) + ")" for dims in layouts)
+        raise ValueError(
+            f"{op}: {name} must have shape {listed}, "
+            f"got a {t.dim()}-d tensor of shape {tuple(t.shape)}"
+        )
+    dims = by_rank[t.dim()] if isinstance(t, torch.Tensor) else layouts[0]
+    check_tensor(op, name, t, dims, sizes, dtypes)
+    return dims
+
+
 def check_same_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
     """All given tensors (None skipped) live on one device; return it."""
     present = {k: v for k, v in tensors.items() if v is not None}

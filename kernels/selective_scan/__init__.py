@@ -1,0 +1,6 @@
+"""Selective scan (Mamba): reference, PyTorch path, Triton kernels, public op."""
+
+from kernels.selective_scan.op import selective_scan_fn
+from kernels.selective_scan.reference import selective_scan_ref
+
+__all__ = ["selective_scan_fn", "selective_scan_ref"]

@@ -1,0 +1,288 @@
+"""The PyTorch path of the selective scan (the CPU fast path), with a hand-written backward.
+
+Everything but the time recurrence is vectorised. Positions are processed in chunks of T so
+that a few (T, B, D, N) buffers stay within a fixed memory budget; inside a chunk the
+recurrence is one fused multiply-add per position on a time-major (T, B, D, N) buffer, and
+contractions over N or over channels are batched matrix products.
+
+The forward keeps only the state at the start of each chunk (the checkpoints). The backward
+walks the chunks in reverse: it recomputes the chunk's states from its checkpoint, runs the
+adjoint recurrence backwards (dh_t = g_t C_t + exp(dt_{t+1} A) dh_{t+1}) and forms every
+gradient from the two. Autograd through the per-position loop would record every step and is
+orders of magnitude slower (see KERNELS.md).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.layout import match_layout
+
+# Elements of one (T, B, D, N) chunk buffer; the backward holds about six of them.
+CHUNK_ELEMENTS = 1 << 20
+
+
+def _compute_dtype(u: torch.Tensor) -> torch.dtype:
+    return torch.float64 if u.dtype == torch.float64 else torch.float32
+
+
+def chunk_length(batch: int, channels: int, state: int, length: int) -> int:
+    """Positions per chunk: as many as fit the buffer budget, at least one."""
+    return max(1, min(length, CHUNK_ELEMENTS // (batch * channels * state)))
+
+
+def num_checkpoints(batch: int, channels: int, state: int, length: int) -> int:
+    """Number of chunk-start states the forward saves for the backward."""
+    t = chunk_length(batch, channels, state, length)
+    return (length + t - 1) // t
+
+
+# B and C come in three layouts. `_chunk` cuts positions [t0, t1) out of one in time-major
+# order; the three helpers below then broadcast, contract or differentiate it against the
+# (T, B, D, N) states without materialising a per-channel copy of a shared or grouped B or C.
+
+
+def _chunk(X: torch.Tensor, t0: int, t1: int) -> torch.Tensor:
+    if X.dim() == 2:  # (D, N)
+        return X
+    if X.dim() == 3:  # (B, N, L) -> (T, B, N)
+        return X[:, :, t0:t1].permute(2, 0, 1)
+    return X[..., t0:t1].permute(3, 0, 1, 2)  # (B, G, N, L) -> (T, B, G, N)
+
+
+def _outer(w: torch.Tensor, Xc: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """w (T, B, D) times X: (T, B, D, N), a new buffer."""
+    if X.dim() == 2:
+        return w[..., None] * Xc
+    if X.dim() == 3:
+        return w[..., None] * Xc[:, :, None, :]
+    T, batch, channels = w.shape
+    groups = Xc.shape[2]
+    grouped = w.reshape(T, batch, groups, channels // groups, 1) * Xc[:, :, :, None, :]
+    return grouped.reshape(T, batch, channels, -1)
+
+
+def _inner(states: torch.Tensor, Xc: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """sum_n states * X: (T, B, D)."""
+    if X.dim() == 2:
+        return (states * Xc).sum(-1)
+    if X.dim() == 3:
+        return (states @ Xc[..., None]).squeeze(-1)
+    T, batch, channels, N = states.shape
+    groups = Xc.shape[2]
+    per_group = states.reshape(T, batch, groups, channels // groups, N) @ Xc[..., None]
+    return per_group.reshape(T, batch, channels)
+
+
+def _grad(w: torch.Tensor, states: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """Gradient of X's chunk when the (T, B, D, N) product was w * X * (adjoint) = w * states:
+    summed over the channels that share it (and over T and B for a fixed X), in _chunk's layout.
+    """
+    if X.dim() == 2:
+        return (states * w[..., None]).sum((0, 1))
+    T, batch, channels, N = states.shape
+    groups = 1 if X.dim() == 3 else X.shape[1]
+    per_group = w.reshape(T, batch, groups, 1, channels // groups) @ states.reshape(
+        T, batch, groups, channels // groups, N
+    )  # (T, B, G, 1, N)
+    per_group = per_group.squeeze(3)
+    return per_group[:, :, 0] if X.dim() == 3 else per_group
+
+
+def _grad_buffer(X: torch.Tensor, length: int) -> torch.Tensor:
+    """Where X's gradient is gathered: (D, N) zeros, or time-major (L, B, N) / (L, B, G, N)."""
+    if X.dim() == 2:
+        return torch.zeros_like(X)
+    return X.new_empty(length, *X.shape[:-2], X.shape[-2])
+
+
+def _add_grad(buffer: torch.Tensor, chunk_grad: torch.Tensor, t0: int, t1: int) -> None:
+    if chunk_grad.dim() == 2:  # a fixed (D, N): summed over every chunk
+        buffer += chunk_grad
+    else:  # time-dependent: each chunk writes its own positions
+        buffer[t0:t1] = chunk_grad
+
+
+def _time_major(x: torch.Tensor) -> torch.Tensor:
+    """(B, D, L) -> contiguous (L, B, D)."""
+    return x.permute(2, 0, 1).contiguous()
+
+
+def _from_time_major(x: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """A gradient gathered time-major ((D, N), (L, B, N) or (L, B, G, N)) in X's layout."""
+    if X.dim() == 3:
+        x = x.permute(1, 2, 0)
+    elif X.dim() == 4:
+        x = x.permute(1, 2, 3, 0)
+    return match_layout(x.to(X.dtype), X)
+
+
+def _scan_chunk(
+    dt: torch.Tensor, u: torch.Tensor, A: torch.Tensor, Bc: torch.Tensor, B: torch.Tensor, h0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decays a = exp(dt A) and states h of one chunk (both (T, B, D, N)), starting from h0."""
+    a = dt[..., None] * A
+    a.exp_()
+    h = _outer(dt * u, Bc, B)  # dt * B * u, turned into the states in place
+    h[0].addcmul_(a[0], h0)
+    for i in range(1, h.shape[0]):
+        h[i].addcmul_(a[i], h[i - 1])
+    return a, h
+
+
+def _discretisation(delta, delta_bias, softplus, compute):
+    """(dt, pre): dt = softplus(pre) or pre, pre = delta + delta_bias, in `compute`."""
+    pre = delta.to(compute)
+    if delta_bias is not None:
+        pre = pre + delta_bias.to(compute)[:, None]
+    return (F.softplus(pre) if softplus else pre), pre
+
+
+def forward(
+    u: torch.Tensor,
+    delta: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    z: torch.Tensor | None,
+    delta_bias: torch.Tensor | None,
+    initial_state: torch.Tensor | None,
+    softplus: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out (B, D, L) in u's dtype and layout, last_state (B, D, N), checkpoints (B, D, K, N))."""
+    compute = _compute_dtype(u)
+    batch, channels, length = u.shape
+    N = A.shape[1]
+    T = chunk_length(batch, channels, N, length)
+    dt, _ = _discretisation(delta, delta_bias, softplus, compute)
+    dt_t, u_t = _time_major(dt), _time_major(u.to(compute))
+    A_c, B_c, C_c = A.to(compute), B.to(compute), C.to(compute)
+    if initial_state is None:
+        h = u.new_zeros(batch, channels, N, dtype=compute)
+    else:
+        h = initial_state.to(compute)
+
+    n_chunks = (length + T - 1) // T
+    checkpoints = u.new_empty(batch, channels, n_chunks, N, dtype=compute)
+    y = u.new_empty(length, batch, channels, dtype=compute)
+    for c in range(n_chunks):
+        t0, t1 = c * T, min(length, (c + 1) * T)
+        checkpoints[:, :, c] = h
+        _, hs = _scan_chunk(dt_t[t0:t1], u_t[t0:t1], A_c, _chunk(B_c, t0, t1), B, h)
+        y[t0:t1] = _inner(hs, _chunk(C_c, t0, t1), C)
+        h = hs[-1]
+    last_state = h.clone()
+
+    out = y.permute(1, 2, 0)
+    if D is not None:
+        out = out + D.to(compute)[:, None] * u.to(compute)
+    if z is not None:
+        out = out * F.silu(z.to(compute))
+    return match_layout(out.to(u.dtype), u), last_state, checkpoints
+
+
+def backward(
+    dout: torch.Tensor,
+    dlast: torch.Tensor | None,
+    u: torch.Tensor,
+    delta: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    z: torch.Tensor | None,
+    delta_bias: torch.Tensor | None,
+    initial_state: torch.Tensor | None,
+    checkpoints: torch.Tensor,
+    softplus: bool,
+) -> list[torch.Tensor | None]:
+    """Gradients (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, dinitial_state), each in its
+    input's dtype and layout; None for absent inputs."""
+    compute = _compute_dtype(u)
+    batch, channels, length = u.shape
+    N = A.shape[1]
+    T = chunk_length(batch, channels, N, length)
+    dt, pre = _discretisation(delta, delta_bias, softplus, compute)
+    u_c = u.to(compute)
+    dt_t, u_t = _time_major(dt), _time_major(u_c)
+    A_c, B_c, C_c = A.to(compute), B.to(compute), C.to(compute)
+
+    # g: the gradient of y = <h, C>, through the gate when there is one.
+    g = dout.to(compute)
+    if z is not None:
+        z_c = z.to(compute)
+        sig_z = torch.sigmoid(z_c)
+        g = g * z_c * sig_z
+        y_t = u.new_empty(length, batch, channels, dtype=compute)
+    g_t = _time_major(g)
+
+    dA = torch.zeros_like(A_c)
+    dB_t, dC_t = _grad_buffer(B_c, length), _grad_buffer(C_c, length)
+    du_t = u.new_empty(length, batch, channels, dtype=compute)
+    ddt_t = torch.empty_like(du_t)
+    # The adjoint carried into each chunk from the one after it; the last state's gradient first.
+    carry = u.new_zeros(batch, channels, N, dtype=compute) if dlast is None else dlast.to(compute)
+
+    n_chunks = checkpoints.shape[2]
+    for c in reversed(range(n_chunks)):
+        t0, t1 = c * T, min(length, (c + 1) * T)
+        h0 = checkpoints[:, :, c]
+        dt_c, u_cc = dt_t[t0:t1], u_t[t0:t1]
+        Bc, Cc = _chunk(B_c, t0, t1), _chunk(C_c, t0, t1)
+        a, hs = _scan_chunk(dt_c, u_cc, A_c, Bc, B, h0)
+        if z is not None:
+            y_t[t0:t1] = _inner(hs, Cc, C)
+
+        # The adjoint of the states, backwards through the chunk, from the later chunk's carry.
+        dh = _outer(g_t[t0:t1], Cc, C)
+        dh[-1] += carry
+        for i in range(dh.shape[0] - 2, -1, -1):
+            dh[i].addcmul_(a[i + 1], dh[i + 1])
+        carry = a[0] * dh[0]
+
+        # P = dh_t * a_t * h_{t-1} (= dh_t * dh_t/d(dt_t A)), built in place in a.
+        P = a
+        P[1:].mul_(hs[:-1])
+        P[0].mul_(h0)
+        P.mul_(dh)
+        dA += (P * dt_c[..., None]).sum((0, 1))
+        S = _inner(dh, Bc, B)  # sum_n dh * B
+        du_t[t0:t1] = dt_c * S
+        ddt_t[t0:t1] = (P * A_c).sum(-1) + u_cc * S
+        _add_grad(dB_t, _grad(dt_c * u_cc, dh, B), t0, t1)
+        _add_grad(dC_t, _grad(g_t[t0:t1], hs, C), t0, t1)
+
+    du = du_t.permute(1, 2, 0)
+    dD = None
+    if D is not None:
+        du = du + D.to(compute)[:, None] * g
+        dD = match_layout((g * u_c).sum((0, 2)).to(D.dtype), D)
+    ddt = ddt_t.permute(1, 2, 0)
+    if softplus:
+        ddt = ddt * torch.sigmoid(pre)
+    ddelta_bias = None
+    if delta_bias is not None:
+        ddelta_bias = match_layout(ddt.sum((0, 2)).to(delta_bias.dtype), delta_bias)
+    dz = None
+    if z is not None:
+        gated = y_t.permute(1, 2, 0)
+        if D is not None:
+            gated = gated + D.to(compute)[:, None] * u_c
+        dz = dout.to(compute) * gated * sig_z * (1 + z_c * (1 - sig_z))
+        dz = match_layout(dz.to(z.dtype), z)
+    dinit = None
+    if initial_state is not None:
+        dinit = match_layout(carry.to(initial_state.dtype), initial_state)
+    return [
+        match_layout(du.to(u.dtype), u),
+        match_layout(ddt.to(delta.dtype), delta),
+        match_layout(dA.to(A.dtype), A),
+        _from_time_major(dB_t, B),
+        _from_time_major(dC_t, C),
+        dD,
+        dz,
+        ddelta_bias,
+        dinit,
+    ]
