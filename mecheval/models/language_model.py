@@ -86,15 +86,20 @@ class LanguageModel(nn.Module):
             x = x + self.position_embedding.weight[:length]
         return x
 
-    def forward_from(self, layer_index: int, residual: torch.Tensor) -> torch.Tensor:
+    def forward_from(
+        self, layer_index: int, residual: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Run blocks layer_index..n_layers-1, the final norm and the tied head.
 
         Args:
             layer_index: first block to run, 0..n_layers (n_layers: norm and head only).
             residual: (B, L, d_model), the residual stream entering that block.
+            positions: optional (B,) integer, one position per row: the head then runs only
+                there (the loss and the interventions read one position; at vocab 8195 the
+                head dominates a small model's step).
 
         Returns:
-            logits (B, L, vocab_size).
+            logits (B, L, vocab_size), or (B, vocab_size) at `positions`.
         """
         if not 0 <= layer_index <= len(self.layers):
             raise ValueError(f"layer_index must be in 0..{len(self.layers)}, got {layer_index}")
@@ -107,13 +112,27 @@ class LanguageModel(nn.Module):
             raise ValueError(
                 f"sequence length {residual.shape[1]} exceeds max_len={self.config.max_len}"
             )
+        if positions is not None and (
+            not isinstance(positions, torch.Tensor)
+            or positions.shape != residual.shape[:1]
+            or positions.dtype.is_floating_point
+        ):
+            raise ValueError(
+                f"positions must be a ({residual.shape[0]},) integer tensor, one position per "
+                f"row, got {positions!r:.80}"
+            )
         for block in self.layers[layer_index:]:
             residual = block(residual)
-        return F.linear(self.norm_f(residual), self.embedding.weight)
+        hidden = self.norm_f(residual)
+        if positions is not None:
+            rows = torch.arange(hidden.shape[0], device=hidden.device)
+            hidden = hidden[rows, positions.to(hidden.device)]
+        return F.linear(hidden, self.embedding.weight)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: (B, L) integer -> logits (B, L, vocab_size)."""
-        return self.forward_from(0, self.embed(tokens))
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens: (B, L) integer -> logits (B, L, vocab_size), or (B, vocab_size) at one
+        position per row if `positions` (B,) is given (see forward_from)."""
+        return self.forward_from(0, self.embed(tokens), positions)
 
     # -- sizes -----------------------------------------------------------------------------
 

@@ -164,3 +164,19 @@ def test_triton_backend_matches_torch_backend(arch, device):
     torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=1e-4)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, ref_grads[name], atol=1e-4, rtol=1e-3, msg=name)
+
+
+@pytest.mark.parametrize("arch", ["attention", "mamba"])
+def test_logits_at_one_position_per_row(arch):
+    model = make(arch)
+    tokens = tokens_for(batch=3)
+    positions = torch.tensor([0, 4, 7])
+    full = model(tokens)
+    at = model(tokens, positions=positions)
+    assert at.shape == (3, V)
+    torch.testing.assert_close(at, full[torch.arange(3), positions])
+    torch.testing.assert_close(model.forward_from(0, model.embed(tokens), positions), at)
+    with pytest.raises(ValueError, match="positions"):
+        model(tokens, positions=positions[:2])
+    with pytest.raises(ValueError, match="positions"):
+        model(tokens, positions=positions.float())
