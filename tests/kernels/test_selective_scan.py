@@ -65,7 +65,11 @@ def make_inputs(case: Case, dtype: torch.dtype, device, seed: int = 0) -> dict:
             "group": lambda: rand(Bn, case.groups, N, L),
         }[layout]()
 
-    delta = rand(Bn, Dn, L, scale=0.5) if case.softplus else torch.rand(Bn, Dn, L, generator=g)
+    # Without softplus, dt = delta + delta_bias is used as is: keep it positive (a decay).
+    if case.softplus:
+        delta, bias = rand(Bn, Dn, L, scale=0.5), rand(Dn, scale=0.3)
+    else:
+        delta, bias = torch.rand(Bn, Dn, L, generator=g), 0.1 * torch.rand(Dn, generator=g)
     args = dict(
         u=rand(Bn, Dn, L),
         delta=delta,
@@ -74,7 +78,7 @@ def make_inputs(case: Case, dtype: torch.dtype, device, seed: int = 0) -> dict:
         C=bc(case.c_layout),
         D=rand(Dn) if case.D else None,
         z=rand(Bn, Dn, L) if case.z else None,
-        delta_bias=rand(Dn, scale=0.3) if case.delta_bias else None,
+        delta_bias=bias if case.delta_bias else None,
         initial_state=rand(Bn, Dn, N) if case.initial_state else None,
     )
     # A stays float32, as Mamba keeps it; the rest in the tested dtype.
@@ -124,6 +128,109 @@ def check_against_reference(case: Case, dtype: torch.dtype, device, backend: str
         if grads[name] is not None:
             assert grads[name].dtype == args[name].dtype, name
             assert_close(grads[name], grads_ref[name], dtype, f"d{name}")
+
+
+# The Triton kernels under the interpreter (slow: its scans run element by element), so small
+# shapes and a covering set rather than the full product: every value of every option appears
+# several times, in both dtypes, across lengths that stop inside, at and across chunk boundaries
+# (chunks are 16 positions here), with channel and state sizes that are not powers of two.
+TRITON_CASES = [
+    Case(length=1),
+    Case(
+        length=5,
+        b_layout="fixed",
+        c_layout="group",
+        groups=3,
+        D=False,
+        delta_bias=False,
+        softplus=False,
+        last_state=False,
+        initial_state=True,
+    ),
+    Case(length=37, b_layout="group", c_layout="fixed", z=False, initial_state=True),
+    Case(batch=1, channels=5, state=3, length=37, c_layout="fixed", D=False, softplus=False),
+    Case(
+        batch=1,
+        state=3,
+        length=100,
+        b_layout="group",
+        delta_bias=False,
+        last_state=False,
+        initial_state=True,
+    ),
+    Case(
+        batch=1, channels=3, length=100, b_layout="fixed", c_layout="fixed", z=False, softplus=False
+    ),
+    Case(
+        batch=1,
+        channels=3,
+        state=3,
+        length=300,
+        c_layout="group",
+        groups=3,
+        D=False,
+        initial_state=True,
+    ),
+    Case(
+        batch=1,
+        channels=3,
+        state=2,
+        length=300,
+        b_layout="fixed",
+        D=True,
+        z=False,
+        delta_bias=False,
+        softplus=False,
+        last_state=False,
+    ),
+    Case(
+        channels=7,
+        state=3,
+        length=5,
+        b_layout="group",
+        c_layout="group",
+        groups=7,
+        delta_bias=False,
+        initial_state=True,
+    ),
+    Case(batch=1, channels=3, state=17, length=20),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("case", TRITON_CASES, ids=[c.id() for c in TRITON_CASES])
+def test_triton_matches_reference(device, case, dtype):
+    check_against_reference(case, dtype, device, "triton")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", TRITON_CASES, ids=[c.id() for c in TRITON_CASES])
+def test_triton_bf16_matches_reference(device, case):
+    check_against_reference(case, torch.bfloat16, device, "triton")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(batch=2, channels=64, state=16, length=300, initial_state=True),
+        Case(
+            batch=2,
+            channels=96,
+            state=16,
+            length=1000,
+            b_layout="group",
+            c_layout="group",
+            groups=4,
+        ),
+        Case(batch=1, channels=32, state=64, length=129, b_layout="fixed", c_layout="var"),
+    ],
+    ids=["mamba-shape", "grouped-long", "wide-state"],
+)
+def test_triton_model_shapes_match_reference(device, case, dtype):
+    """Model-sized shapes (several channel blocks and chunks per program), on a GPU only."""
+    check_against_reference(case, dtype, device, "triton")
 
 
 # The PyTorch path: fast, so a broad set of cases.
@@ -197,10 +304,10 @@ def test_gradcheck_float64_torch_path(monkeypatch, case):
     assert torch.autograd.gradcheck(fn, inputs)
 
 
-def check_split_equals_one_scan(backend: str, device, length: int, splits: list[int]):
+def check_split_equals_one_scan(backend: str, device, case: Case, splits: list[int]):
     """Scanning [0, p) then [p, L) from the carried state equals one scan: outputs, last state
     and every gradient, the gradient reaching the first part through the carried state."""
-    case = Case(length=length, b_layout="var", c_layout="group", initial_state=True)
+    length = case.length
     args = make_inputs(case, torch.float32, device)
     g = torch.Generator().manual_seed(3)
     dout = torch.randn(case.batch, case.channels, length, generator=g).to(device)
@@ -232,11 +339,68 @@ def check_split_equals_one_scan(backend: str, device, length: int, splits: list[
 
 
 def test_splitting_the_scan_and_carrying_the_state_equals_one_scan_torch_path():
-    check_split_equals_one_scan("torch", "cpu", 40, [1, 17, 39])
+    case = Case(length=40, b_layout="var", c_layout="group", initial_state=True)
+    check_split_equals_one_scan("torch", "cpu", case, [1, 17, 39])
 
 
-def test_strided_inputs_torch_path():
+def test_splitting_the_scan_and_carrying_the_state_equals_one_scan_triton(device):
+    # Splits inside a chunk, at a chunk boundary (16) and one before the end.
+    case = Case(batch=1, channels=4, state=3, length=40, c_layout="group", initial_state=True)
+    check_split_equals_one_scan("triton", device, case, [7, 16, 39])
+
+
+def test_triton_backward_is_deterministic(device):
+    """Two backward passes give bitwise-equal gradients (no atomics; partials summed in order).
+    The interpreter runs programs one after another, so this bites on a GPU."""
+    big = device.type == "cuda"
+    case = Case(
+        batch=4 if big else 1,
+        channels=256 if big else 4,
+        state=16 if big else 3,
+        length=1000 if big else 20,
+        b_layout="var",
+        c_layout="group",
+        groups=2,
+        initial_state=True,
+    )
+    args = make_inputs(case, torch.float32, device)
+    g = torch.Generator().manual_seed(1)
+    dout = torch.randn(case.batch, case.channels, case.length, generator=g).to(device)
+    dlast = torch.randn(case.batch, case.channels, case.state, generator=g).to(device)
+    runs = [
+        forward_and_grads(selective_scan_fn, args, case, dout, dlast, backend="triton")[2]
+        for _ in range(2)
+    ]
+    for name in INPUT_NAMES:
+        assert torch.equal(runs[0][name], runs[1][name]), name
+
+
+def test_triton_large_delta_stays_finite_and_exact(device):
+    """delta up to 100 with A down to -16: every decay underflows to 0; finite, and equal to
+    the reference (a long sequence runs on a GPU; the interpreter takes a shorter one)."""
+    Bn, Dn, N = 1, 2, 16
+    L = 16384 if device.type == "cuda" else 100
+    g = torch.Generator().manual_seed(5)
+    args = dict(
+        u=torch.randn(Bn, Dn, L, generator=g),
+        delta=100 * torch.rand(Bn, Dn, L, generator=g),
+        A=-torch.rand(Dn, N, generator=g) * 16 - 0.01,
+        B=torch.randn(Bn, N, L, generator=g),
+        C=torch.randn(Bn, N, L, generator=g),
+        D=None,
+        z=None,
+        delta_bias=None,
+        initial_state=torch.randn(Bn, Dn, N, generator=g),
+    )
+    args = {k: None if v is None else v.to(device) for k, v in args.items()}
+    case = Case(batch=Bn, channels=Dn, state=N, length=L, D=False, z=False, delta_bias=False)
+    check_against_reference(case, torch.float32, device, "triton", args=args)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_strided_inputs(device, backend):
     """u, delta, z as slices of one (B, L, 3D) projection viewed as (B, D, L); B, C transposed."""
+    device = device if backend == "triton" else torch.device("cpu")
     Bn, Dn, N, L = 2, 6, 4, 21
     proj = torch.randn(Bn, L, 3 * Dn)
     u, delta, z = (proj[..., i * Dn : (i + 1) * Dn].transpose(1, 2) for i in range(3))
@@ -254,9 +418,10 @@ def test_strided_inputs_torch_path():
         delta_bias=torch.randn(Dn),
         initial_state=torch.randn(Bn, N, Dn).transpose(1, 2),
     )
+    args = {k: v.to(device) for k, v in args.items()}  # .to keeps the strides
     case = Case(batch=Bn, channels=Dn, state=N, length=L, initial_state=True)
-    check_against_reference(case, torch.float32, "cpu", "torch", args=args)
-    out = selective_scan_fn(**args, delta_softplus=True, backend="torch")
+    check_against_reference(case, torch.float32, device, backend, args=args)
+    out = selective_scan_fn(**args, delta_softplus=True, backend=backend)
     assert out.stride() == torch.empty_like(u).stride()  # the output keeps u's layout
 
 
@@ -383,6 +548,12 @@ def test_bad_input_is_refused_by_name(overrides, error, words):
         selective_scan_fn(**args, backend="torch")
     for word in words:
         assert word in str(info.value), (word, str(info.value))
+
+
+def test_triton_refuses_float64_by_name():
+    args = {k: v.double() for k, v in _valid_args().items()}
+    with pytest.raises(TypeError, match="u has dtype float64"):
+        selective_scan_fn(**args, backend="triton")
 
 
 def test_unknown_backend_is_refused():
