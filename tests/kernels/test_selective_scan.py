@@ -9,6 +9,10 @@ already-rounded inputs.
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -336,6 +340,54 @@ def check_split_equals_one_scan(backend: str, device, case: Case, splits: list[i
     assert_close(state, last, torch.float32, "last_state")
     for name in INPUT_NAMES:
         assert_close(leaves[name].grad, grads[name], torch.float32, f"d{name}")
+
+
+# Compiles both kernels for Hopper (sm_90) down to a cubin, in a process without the interpreter:
+# the interpreter accepts code that the GPU compiler rejects. No GPU is needed for this.
+COMPILE_FOR_HOPPER = """
+import itertools
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+from kernels.selective_scan import triton_kernels as tk
+
+FLOAT32_BUFFERS = {"A_ptr", "Dv_ptr", "bias_ptr", "init_ptr", "last_ptr", "ckpt_ptr",
+                   "dlast_ptr", "dinit_ptr"}
+for kernel, dtype, on, (block_d, n_pad, chunk) in itertools.product(
+    (tk._scan_fwd_kernel, tk._scan_bwd_kernel), ("bf16", "fp32"), (0, 1),
+    ((16, 16, 16), (2, 256, 8), (2, 2, 2)),
+):
+    const = dict(BLOCK_D=block_d, N_PAD=n_pad, CHUNK=chunk)
+    flags = ("HAS_", "B_VAR", "C_VAR", "SOFTPLUS")
+    const.update({a: on for a in kernel.arg_names if a.startswith(flags)})
+    sig = {}
+    for a in kernel.arg_names:
+        if a in const:
+            sig[a] = "constexpr"
+        elif a.endswith("_ptr"):
+            sig[a] = "*fp32" if a in FLOAT32_BUFFERS or "part" in a else "*" + dtype
+        else:
+            sig[a] = "i32"
+    compiled = compile(ASTSource(kernel, sig, const), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=8 if "bwd" in kernel.__name__ else 4))
+    assert compiled.asm["cubin"], kernel.__name__
+print("compiled")
+"""
+
+
+def test_triton_kernels_compile_for_hopper():
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, "-c", COMPILE_FOR_HOPPER],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-3000:]
 
 
 def test_splitting_the_scan_and_carrying_the_state_equals_one_scan_torch_path():
