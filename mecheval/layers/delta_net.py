@@ -158,7 +158,9 @@ class DeltaNet(nn.Module):
             o = self.state.scan(run_segment, length, batch, time_dim=1)
         else:
             o, _ = kernels.chunk_delta_rule(q, k, v, beta, use_qk_l2norm_in_kernel=l2)
-        o = self.o_norm(o)
+        # In float32: the kernel returns q's dtype (bf16 under autocast), the norm's weight is
+        # float32, and a mixed-dtype RMSNorm falls off its fused path with a warning.
+        o = self.o_norm(o.float())
         return self.o_proj(o.reshape(batch, length, self.value_dim))
 
     def state_size(self, sequence_length: int) -> int:
