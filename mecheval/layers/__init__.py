@@ -21,7 +21,7 @@ from mecheval.layers.based import BasedLinearAttention
 from mecheval.layers.delta_net import DeltaNet
 from mecheval.layers.h3 import H3
 from mecheval.layers.hyena import Hyena
-from mecheval.layers.long_conv import ImplicitFilter, ImplicitLongConvolution, fft_causal_conv
+from mecheval.layers.long_conv import ImplicitFilter, ImplicitLongConvolution, long_causal_conv
 from mecheval.layers.mamba import Mamba
 from mecheval.layers.mlp import MLP
 from mecheval.layers.short_conv import ShortConvolution
@@ -42,5 +42,5 @@ __all__ = [
     "Site",
     "SitePlan",
     "StateSite",
-    "fft_causal_conv",
+    "long_causal_conv",
 ]

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from mecheval.layers.long_conv import fft_causal_conv
+from mecheval.layers.long_conv import long_causal_conv
 from mecheval.layers.sites import Site
 
 
@@ -99,12 +99,12 @@ class H3(nn.Module):
         H, P = self.num_heads, self.head_dim
         q, k, v = self.q_proj(u), self.k_proj(u), self.v_proj(u)
         k = self.conv_input(k)
-        k = fft_causal_conv(k, self.shift_C.transpose(0, 1)) + k * self.shift_D
+        k = long_causal_conv(k, self.shift_C.transpose(0, 1)) + k * self.shift_D
         k = self.conv_output(k)
         kv = k.view(B, L, H, P, 1) * v.view(B, L, H, 1, P)  # (B, L, H, i, j)
         kv = self.long_conv_input(kv.reshape(B, L, H * P * P))
         kernel = self.diagonal_kernel(L).repeat_interleave(P * P, dim=1)  # (L, H * P * P)
-        y = fft_causal_conv(kv, kernel) + kv * self.D.repeat_interleave(P * P)
+        y = long_causal_conv(kv, kernel) + kv * self.D.repeat_interleave(P * P)
         y = self.long_conv_output(y).view(B, L, H, P, P)
         o = (q.view(B, L, H, P, 1) * y).sum(3)  # (B, L, H, j)
         return self.output_linear(o.reshape(B, L, d))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mecheval.layers.long_conv import ImplicitFilter, fft_causal_conv
+from mecheval.layers.long_conv import ImplicitFilter, long_causal_conv
 from mecheval.layers.short_conv import ShortConvolution
 from mecheval.layers.sites import Site
 
@@ -28,10 +28,18 @@ class Hyena(nn.Module):
         l_max: longest sequence.
         filter_order: width of the implicit filter's MLP.
         short_filter_order: width of the short filter.
+        use_skip: learn the skip D of the long convolution. zoology calls D the filter's
+            "bias" and multiplies it by 0 when built with bias=False, as the study's models
+            are, so the default is off.
     """
 
     def __init__(
-        self, d_model: int, l_max: int, filter_order: int = 64, short_filter_order: int = 3
+        self,
+        d_model: int,
+        l_max: int,
+        filter_order: int = 64,
+        short_filter_order: int = 3,
+        use_skip: bool = False,
     ) -> None:
         super().__init__()
         self.d_model, self.l_max = d_model, l_max
@@ -41,7 +49,7 @@ class Hyena(nn.Module):
             3 * d_model, short_filter_order, bias=False, activation=None
         )
         self.filter_fn = ImplicitFilter(d_model, l_max, order=filter_order)
-        self.D = nn.Parameter(torch.randn(d_model))
+        self.D = nn.Parameter(torch.randn(d_model)) if use_skip else None
         self.conv_input = Site("conv_input")
         self.conv_output = Site("conv_output")
         self.long_conv_input = Site("long_conv_input")
@@ -54,8 +62,8 @@ class Hyena(nn.Module):
         p = self.conv_output(self.short_filter(p)[0])
         x1, x2, v = p.split(d, dim=-1)
         v = self.long_conv_input(v * x1)
-        v = fft_causal_conv(v, self.filter_fn(L)) + v * self.D
-        v = self.long_conv_output(v)
+        y = long_causal_conv(v, self.filter_fn(L))
+        v = self.long_conv_output(y if self.D is None else y + v * self.D)
         return self.out_proj(v * x2)
 
     def state_size(self, sequence_length: int) -> int:

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from mecheval.layers import DeltaNet, Mamba, ShortConvolution
+from mecheval.layers.long_conv import DIRECT_MAX_LEN, long_causal_conv
 from tests.models.references import causal_depthwise_conv, delta_net_reference, mamba_reference
 
 # float32 layer vs float64 oracle over a handful of positions.
@@ -168,3 +169,31 @@ def test_layers_refuse_bad_arguments():
         ShortConvolution(4, 3, activation="relu")
     with pytest.raises(ValueError, match="kernel_size"):
         ShortConvolution(4, 9)
+
+
+@pytest.mark.parametrize("length", [1, 9, DIRECT_MAX_LEN + 7])
+def test_long_causal_conv_is_a_causal_convolution(length):
+    torch.manual_seed(0)
+    u = torch.randn(2, length, 3, dtype=torch.float64)
+    k = torch.randn(length + 2, 3, dtype=torch.float64)  # extra taps are ignored
+    expected = torch.zeros_like(u)
+    for t in range(length):
+        for s in range(t + 1):
+            expected[:, t] += k[s] * u[:, t - s]
+    torch.testing.assert_close(long_causal_conv(u, k), expected)
+    torch.testing.assert_close(
+        long_causal_conv(u.float(), k.float()).double(), expected, atol=1e-4, rtol=1e-4
+    )
+    # A short filter counts as zero-padded.
+    short = k[:2]
+    torch.testing.assert_close(
+        long_causal_conv(u, short), long_causal_conv(u, torch.cat([short, 0 * k[2:]]))
+    )
+
+
+def test_direct_long_conv_is_exactly_causal():
+    u = torch.randn(2, 37, 4)
+    k = torch.randn(37, 4)
+    changed = u.clone()
+    changed[:, 20] += 1e3
+    assert torch.equal(long_causal_conv(changed, k)[:, :20], long_causal_conv(u, k)[:, :20])
