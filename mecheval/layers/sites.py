@@ -44,6 +44,9 @@ class SitePlan:
     patch_positions: torch.Tensor | None = None
     patch_values: torch.Tensor | None = None
     _rows: dict[torch.device, torch.Tensor] = field(default_factory=dict, repr=False)
+    # (what, length) pairs already range-checked: positions do not change within a plan, and
+    # each check costs a device sync.
+    _checked: set[tuple[str, int]] = field(default_factory=set, repr=False)
 
     @property
     def patching(self) -> bool:
@@ -64,12 +67,15 @@ class SitePlan:
             )
 
     def check_in_range(self, positions: torch.Tensor, length: int, what: str) -> None:
+        if (what, length) in self._checked:
+            return
         lo, hi = int(positions.min()), int(positions.max())
         if lo < 0 or hi >= length:
             raise ValueError(
                 f"site {self.name}: {what} positions must lie in [0, {length - 1}], "
                 f"got values in [{lo}, {hi}]"
             )
+        self._checked.add((what, length))
 
 
 class Site(nn.Module):
