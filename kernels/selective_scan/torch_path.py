@@ -51,16 +51,17 @@ def _chunk(X: torch.Tensor, t0: int, t1: int) -> torch.Tensor:
     return X[..., t0:t1].permute(3, 0, 1, 2)  # (B, G, N, L) -> (T, B, G, N)
 
 
-def _outer(w: torch.Tensor, Xc: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-    """w (T, B, D) times X: (T, B, D, N), a new buffer."""
+def _outer(w: torch.Tensor, Xc: torch.Tensor, X: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """w (T, B, D) times X, written to `out` (T, B, D, N) and returned."""
     if X.dim() == 2:
-        return w[..., None] * Xc
+        return torch.mul(w[..., None], Xc, out=out)
     if X.dim() == 3:
-        return w[..., None] * Xc[:, :, None, :]
-    T, batch, channels = w.shape
+        return torch.mul(w[..., None], Xc[:, :, None, :], out=out)
+    T, batch, channels, N = out.shape
     groups = Xc.shape[2]
-    grouped = w.reshape(T, batch, groups, channels // groups, 1) * Xc[:, :, :, None, :]
-    return grouped.reshape(T, batch, channels, -1)
+    per_group = (T, batch, groups, channels // groups)
+    torch.mul(w.reshape(*per_group, 1), Xc[:, :, :, None, :], out=out.view(*per_group, N))
+    return out
 
 
 def _inner(states: torch.Tensor, Xc: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
@@ -119,16 +120,28 @@ def _from_time_major(x: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
 
 
 def _scan_chunk(
-    dt: torch.Tensor, u: torch.Tensor, A: torch.Tensor, Bc: torch.Tensor, B: torch.Tensor, h0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decays a = exp(dt A) and states h of one chunk (both (T, B, D, N)), starting from h0."""
-    a = dt[..., None] * A
+    dt: torch.Tensor,
+    u: torch.Tensor,
+    A: torch.Tensor,
+    Bc: torch.Tensor,
+    B: torch.Tensor,
+    h0: torch.Tensor,
+    a: torch.Tensor,
+    h: torch.Tensor,
+) -> None:
+    """Decays a = exp(dt A) and states h of one chunk, both (T, B, D, N), written into the given
+    buffers (reused across chunks: large fresh allocations cost page faults on CPU)."""
+    torch.mul(dt[..., None], A, out=a)
     a.exp_()
-    h = _outer(dt * u, Bc, B)  # dt * B * u, turned into the states in place
+    _outer(dt * u, Bc, B, h)  # dt * B * u, turned into the states in place
     h[0].addcmul_(a[0], h0)
     for i in range(1, h.shape[0]):
         h[i].addcmul_(a[i], h[i - 1])
-    return a, h
+
+
+def _chunk_buffers(count: int, T: int, like: torch.Tensor, N: int, compute: torch.dtype):
+    batch, channels, _ = like.shape
+    return [like.new_empty(T, batch, channels, N, dtype=compute) for _ in range(count)]
 
 
 def _discretisation(delta, delta_bias, softplus, compute):
@@ -167,13 +180,15 @@ def forward(
     n_chunks = (length + T - 1) // T
     checkpoints = u.new_empty(batch, channels, n_chunks, N, dtype=compute)
     y = u.new_empty(length, batch, channels, dtype=compute)
+    a_buf, h_buf = _chunk_buffers(2, T, u, N, compute)
     for c in range(n_chunks):
         t0, t1 = c * T, min(length, (c + 1) * T)
         checkpoints[:, :, c] = h
-        _, hs = _scan_chunk(dt_t[t0:t1], u_t[t0:t1], A_c, _chunk(B_c, t0, t1), B, h)
+        a, hs = a_buf[: t1 - t0], h_buf[: t1 - t0]
+        _scan_chunk(dt_t[t0:t1], u_t[t0:t1], A_c, _chunk(B_c, t0, t1), B, h, a, hs)
         y[t0:t1] = _inner(hs, _chunk(C_c, t0, t1), C)
-        h = hs[-1]
-    last_state = h.clone()
+        h = hs[-1].clone()  # the buffer is overwritten by the next chunk
+    last_state = h
 
     out = y.permute(1, 2, 0)
     if D is not None:
@@ -226,33 +241,35 @@ def backward(
     carry = u.new_zeros(batch, channels, N, dtype=compute) if dlast is None else dlast.to(compute)
 
     n_chunks = checkpoints.shape[2]
+    a_buf, h_buf, dh_buf = _chunk_buffers(3, T, u, N, compute)
     for c in reversed(range(n_chunks)):
         t0, t1 = c * T, min(length, (c + 1) * T)
         h0 = checkpoints[:, :, c]
-        dt_c, u_cc = dt_t[t0:t1], u_t[t0:t1]
+        dt_c, u_c_t, g_c = dt_t[t0:t1], u_t[t0:t1], g_t[t0:t1]
         Bc, Cc = _chunk(B_c, t0, t1), _chunk(C_c, t0, t1)
-        a, hs = _scan_chunk(dt_c, u_cc, A_c, Bc, B, h0)
+        a, hs, dh = a_buf[: t1 - t0], h_buf[: t1 - t0], dh_buf[: t1 - t0]
+        _scan_chunk(dt_c, u_c_t, A_c, Bc, B, h0, a, hs)
         if z is not None:
             y_t[t0:t1] = _inner(hs, Cc, C)
+        _add_grad(dC_t, _grad(g_c, hs, C), t0, t1)
 
         # The adjoint of the states, backwards through the chunk, from the later chunk's carry.
-        dh = _outer(g_t[t0:t1], Cc, C)
+        _outer(g_c, Cc, C, dh)
         dh[-1] += carry
         for i in range(dh.shape[0] - 2, -1, -1):
             dh[i].addcmul_(a[i + 1], dh[i + 1])
         carry = a[0] * dh[0]
+        S = _inner(dh, Bc, B)  # sum_n dh * B
+        du_t[t0:t1] = dt_c * S
+        _add_grad(dB_t, _grad(dt_c * u_c_t, dh, B), t0, t1)
 
         # P = dh_t * a_t * h_{t-1} (= dh_t * dh_t/d(dt_t A)), built in place in a.
         P = a
         P[1:].mul_(hs[:-1])
         P[0].mul_(h0)
         P.mul_(dh)
-        dA += (P * dt_c[..., None]).sum((0, 1))
-        S = _inner(dh, Bc, B)  # sum_n dh * B
-        du_t[t0:t1] = dt_c * S
-        ddt_t[t0:t1] = (P * A_c).sum(-1) + u_cc * S
-        _add_grad(dB_t, _grad(dt_c * u_cc, dh, B), t0, t1)
-        _add_grad(dC_t, _grad(g_t[t0:t1], hs, C), t0, t1)
+        ddt_t[t0:t1] = torch.mul(P, A_c, out=hs).sum(-1) + u_c_t * S  # hs is done with
+        dA += P.mul_(dt_c[..., None]).sum((0, 1))
 
     du = du_t.permute(1, 2, 0)
     dD = None
