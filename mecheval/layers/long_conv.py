@@ -40,10 +40,12 @@ def long_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         k = torch.cat([k, k.new_zeros(L - k.shape[0], k.shape[1])])
     u = u.to(compute)
     if L <= DIRECT_MAX_LEN:
-        lag = torch.arange(L, device=u.device)
-        lag = lag[:, None] - lag[None, :]  # (t, s) -> t - s
-        toeplitz = k[lag.clamp(min=0)].masked_fill((lag < 0)[..., None], 0.0)  # (L, L, C)
-        y = torch.bmm(u.permute(2, 0, 1), toeplitz.permute(2, 1, 0))  # (C, B, L)
+        pos = torch.arange(L, device=u.device)
+        lag = pos[None, :] - pos[:, None]  # [s, t] -> t - s
+        # toeplitz[c, s, t] = k[t - s, c] for s <= t, else 0; contiguous operands keep bmm on
+        # its batched path.
+        toeplitz = k.t()[:, lag.clamp(min=0)].masked_fill(lag < 0, 0.0)  # (C, L, L)
+        y = torch.bmm(u.permute(2, 0, 1).contiguous(), toeplitz)  # (C, B, L)
         return y.permute(1, 2, 0).to(dtype)
     n = 2 * L  # >= L + K - 1: no circular wrap-around into the first L outputs
     u_f = torch.fft.rfft(u, n=n, dim=1)
