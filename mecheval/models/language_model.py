@@ -118,7 +118,7 @@ class LanguageModel(nn.Module):
             or positions.dtype.is_floating_point
         ):
             raise ValueError(
-                f"positions must be a ({residual.shape[0]},) integer tensor, one position per "
+                f"positions must have shape ({residual.shape[0]},), one integer position per "
                 f"row, got {positions!r:.80}"
             )
         for block in self.layers[layer_index:]:
