@@ -72,8 +72,7 @@ def answer_logits(
     model: torch.nn.Module, tokens: torch.Tensor, query: torch.Tensor
 ) -> torch.Tensor:
     """Logits (B, V) at each row's query position, the only position the loss looks at."""
-    logits = model(tokens)
-    return logits[torch.arange(tokens.shape[0], device=tokens.device), query]
+    return model(tokens, positions=query)
 
 
 def _autocast(config: TrainConfig, device: torch.device):

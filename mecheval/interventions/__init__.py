@@ -1,0 +1,19 @@
+"""Causal interventions: batched interchange grids, the study's Attrib scores and read-outs,
+and attribution patching for screening large grids."""
+
+from mecheval.interventions.grid import COLUMNS, interchange_grid, select_sites
+from mecheval.interventions.per_cell import per_cell_loop
+from mecheval.interventions.positions import NAMED, expand_positions, resolve_position
+from mecheval.interventions.scores import attrib, readout
+
+__all__ = [
+    "COLUMNS",
+    "NAMED",
+    "attrib",
+    "expand_positions",
+    "interchange_grid",
+    "per_cell_loop",
+    "readout",
+    "resolve_position",
+    "select_sites",
+]

@@ -1,0 +1,103 @@
+"""From an interchange grid to the study's scores (SPEC section 5).
+
+    Attrib = (E[p_restored] - E[p_corrupted]) / (E[p_original] - E[p_corrupted])
+
+per (layer, site, position) cell, the expectations over a set of documents; a model whose
+corruption effect E[p_original] - E[p_corrupted] is at most `min_effect` (0.01) has nothing
+to attribute and is dropped.
+
+Read-outs of a 2-layer model (key corrupted, layer 1's block input restored):
+    induction     high Attrib at `value`   the key was copied into the value's position
+    direct_early  high Attrib at `query`   retrieved at the query, in layer 0
+    direct_late   high Attrib at `key`     retrieved via the key position, in layer 1
+Other depths read each layer's mixer output at `query` (the study's 3-layer read-out).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from mecheval.interventions.grid import COLUMNS
+
+CELL = ("layer", "site", "position")
+MECHANISMS = {"induction": "value", "direct_early": "query", "direct_late": "key"}
+
+
+def model_keys(frame: pd.DataFrame) -> list[str]:
+    """The columns that identify a model or condition (run, arch, corruption, ...): everything
+    an interchange grid does not produce itself."""
+    own = set(COLUMNS) | {"attrib", "effect", "n"}
+    return [c for c in frame.columns if c not in own]
+
+
+def attrib(df: pd.DataFrame, min_effect: float = 0.01) -> pd.DataFrame:
+    """Attrib per (model keys..., layer, site, position) from an interchange-grid table.
+
+    Returns columns: the model keys, layer, site, position, p_original, p_corrupted,
+    p_restored, kl (means over documents), n (documents), effect, attrib. Models whose effect
+    is <= min_effect are dropped.
+    """
+    keys = model_keys(df)
+    grouped = df.groupby([*keys, *CELL], sort=False, dropna=False)
+    table = grouped.agg(
+        p_original=("p_original", "mean"),
+        p_corrupted=("p_corrupted", "mean"),
+        p_restored=("p_restored", "mean"),
+        kl=("kl", "mean"),
+        n=("example", "nunique"),
+    ).reset_index()
+    table["effect"] = table["p_original"] - table["p_corrupted"]
+    table["attrib"] = (table["p_restored"] - table["p_corrupted"]) / table["effect"]
+    return table[table["effect"] > min_effect].reset_index(drop=True)
+
+
+def _lookup(cells: pd.DataFrame, layer: int, site: str, position: str) -> float:
+    hit = cells[
+        (cells["layer"] == layer) & (cells["site"] == site) & (cells["position"] == position)
+    ]
+    return float(hit["attrib"].iloc[0]) if len(hit) else float("nan")
+
+
+def readout(df: pd.DataFrame, threshold: float = 0.5, min_effect: float = 0.01) -> pd.DataFrame:
+    """One row per model: the read-out scores and a mechanism label.
+
+    Args:
+        df: an interchange grid of key-corruption runs (with model-key columns if several
+            models are in it), covering block_input (2-layer models) or mixer_output (other
+            depths) at the positions the read-out needs.
+        threshold: the Attrib a read-out must reach to name the mechanism; below it the label
+            is "unclear". Models whose corruption has no effect are labelled "no effect".
+    """
+    keys = model_keys(df)
+    scores = attrib(df, min_effect=min_effect)
+    models = df[keys].drop_duplicates() if keys else pd.DataFrame(index=[0])
+    rows = []
+    for _, model in models.iterrows():
+        match = pd.Series(True, index=scores.index)
+        for k in keys:
+            match &= scores[k] == model[k]
+        cells = scores[match]
+        depth = int(df.loc[_rows_of(df, model, keys), "layer"].max()) + 1
+        row = {k: model[k] for k in keys}
+        if depth == 2:
+            values = {m: _lookup(cells, 1, "block_input", pos) for m, pos in MECHANISMS.items()}
+        else:
+            values = {
+                f"layer{i}_mixer_query": _lookup(cells, i, "mixer_output", "query")
+                for i in range(depth)
+            }
+        row.update(values)
+        if cells.empty:
+            row["mechanism"] = "no effect"
+        else:
+            best = max(values, key=lambda k: -1e9 if pd.isna(values[k]) else values[k])
+            row["mechanism"] = best if values[best] >= threshold else "unclear"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _rows_of(df: pd.DataFrame, model: pd.Series, keys: list[str]) -> pd.Series:
+    match = pd.Series(True, index=df.index)
+    for k in keys:
+        match &= df[k] == model[k]
+    return match
