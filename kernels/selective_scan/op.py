@@ -3,9 +3,9 @@
 The op is registered with torch.library so that `torch.compile(fullgraph=True)` treats it as one
 opaque node with a registered backward; which implementation runs is decided per call by
 `kernels.backend` and passed to the custom op as a string. Both implementations share one
-interface: `forward` returns (out, last_state, checkpoints), where the checkpoints are the
-float32 states at the start of each chunk of positions, saved for the backward (their number
-depends on the implementation: `num_checkpoints`).
+interface: `forward` returns (out, last_state, checkpoints), where the checkpoints (K, B, D, N)
+are the float32 states at the start of each chunk of positions, saved for the backward (their
+number K depends on the implementation: `num_checkpoints`).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def _(u, delta, A, B, C, D, z, delta_bias, initial_state, softplus, backend):
     return (
         torch.empty_like(u),
         u.new_empty(batch, channels, N, dtype=dtype),
-        u.new_empty(batch, channels, n_ckpt, N, dtype=dtype),
+        u.new_empty(n_ckpt, batch, channels, N, dtype=dtype),
     )
 
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from kernels.layout import match_layout
 
 # Elements of one (T, B, D, N) chunk buffer; the backward holds about six of them.
-CHUNK_ELEMENTS = 1 << 20
+CHUNK_ELEMENTS = 1 << 19
 
 
 def _compute_dtype(u: torch.Tensor) -> torch.dtype:
@@ -164,38 +164,47 @@ def forward(
     initial_state: torch.Tensor | None,
     softplus: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out (B, D, L) in u's dtype and layout, last_state (B, D, N), checkpoints (B, D, K, N))."""
+    """(out (B, D, L) in u's dtype and layout, last_state (B, D, N), checkpoints (K, B, D, N))."""
     compute = _compute_dtype(u)
     batch, channels, length = u.shape
     N = A.shape[1]
     T = chunk_length(batch, channels, N, length)
     dt, _ = _discretisation(delta, delta_bias, softplus, compute)
-    dt_t, u_t = _time_major(dt), _time_major(u.to(compute))
+    u_c = u.to(compute)
+    dt_t, u_t = _time_major(dt), _time_major(u_c)
     A_c, B_c, C_c = A.to(compute), B.to(compute), C.to(compute)
-    if initial_state is None:
-        h = u.new_zeros(batch, channels, N, dtype=compute)
-    else:
-        h = initial_state.to(compute)
 
     n_chunks = (length + T - 1) // T
-    checkpoints = u.new_empty(batch, channels, n_chunks, N, dtype=compute)
+    checkpoints = u.new_empty(n_chunks, batch, channels, N, dtype=compute)
+    last_state = u.new_empty(batch, channels, N, dtype=compute)
+    h = checkpoints[0]
+    if initial_state is None:
+        h.zero_()
+    else:
+        h.copy_(initial_state)
     y = u.new_empty(length, batch, channels, dtype=compute)
     a_buf, h_buf = _chunk_buffers(2, T, u, N, compute)
     for c in range(n_chunks):
         t0, t1 = c * T, min(length, (c + 1) * T)
-        checkpoints[:, :, c] = h
         a, hs = a_buf[: t1 - t0], h_buf[: t1 - t0]
         _scan_chunk(dt_t[t0:t1], u_t[t0:t1], A_c, _chunk(B_c, t0, t1), B, h, a, hs)
         y[t0:t1] = _inner(hs, _chunk(C_c, t0, t1), C)
-        h = hs[-1].clone()  # the buffer is overwritten by the next chunk
-    last_state = h
+        # The next chunk's checkpoint (the buffers are overwritten by the next chunk).
+        h = checkpoints[c + 1] if c + 1 < n_chunks else last_state
+        h.copy_(hs[-1])
 
-    out = y.permute(1, 2, 0)
+    out = _from_time_major_bdl(y, u)
     if D is not None:
-        out = out + D.to(compute)[:, None] * u.to(compute)
+        out.addcmul_(D.to(compute)[:, None], u_c)
     if z is not None:
-        out = out * F.silu(z.to(compute))
+        out.mul_(F.silu(z.to(compute)))
     return match_layout(out.to(u.dtype), u), last_state, checkpoints
+
+
+def _from_time_major_bdl(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """(L, B, D) -> a new (B, D, L) tensor laid out like `like` (one transposing copy)."""
+    out = torch.empty_like(like, dtype=x.dtype)
+    return out.copy_(x.permute(1, 2, 0))
 
 
 def backward(
@@ -240,11 +249,11 @@ def backward(
     # The adjoint carried into each chunk from the one after it; the last state's gradient first.
     carry = u.new_zeros(batch, channels, N, dtype=compute) if dlast is None else dlast.to(compute)
 
-    n_chunks = checkpoints.shape[2]
+    n_chunks = checkpoints.shape[0]
     a_buf, h_buf, dh_buf = _chunk_buffers(3, T, u, N, compute)
     for c in reversed(range(n_chunks)):
         t0, t1 = c * T, min(length, (c + 1) * T)
-        h0 = checkpoints[:, :, c]
+        h0 = checkpoints[c]
         dt_c, u_c_t, g_c = dt_t[t0:t1], u_t[t0:t1], g_t[t0:t1]
         Bc, Cc = _chunk(B_c, t0, t1), _chunk(C_c, t0, t1)
         a, hs, dh = a_buf[: t1 - t0], h_buf[: t1 - t0], dh_buf[: t1 - t0]
@@ -271,22 +280,22 @@ def backward(
         ddt_t[t0:t1] = torch.mul(P, A_c, out=hs).sum(-1) + u_c_t * S  # hs is done with
         dA += P.mul_(dt_c[..., None]).sum((0, 1))
 
-    du = du_t.permute(1, 2, 0)
+    du = _from_time_major_bdl(du_t, u)
     dD = None
     if D is not None:
-        du = du + D.to(compute)[:, None] * g
+        du.addcmul_(D.to(compute)[:, None], g)
         dD = match_layout((g * u_c).sum((0, 2)).to(D.dtype), D)
-    ddt = ddt_t.permute(1, 2, 0)
+    ddt = _from_time_major_bdl(ddt_t, delta)
     if softplus:
-        ddt = ddt * torch.sigmoid(pre)
+        ddt.mul_(torch.sigmoid(pre))
     ddelta_bias = None
     if delta_bias is not None:
         ddelta_bias = match_layout(ddt.sum((0, 2)).to(delta_bias.dtype), delta_bias)
     dz = None
     if z is not None:
-        gated = y_t.permute(1, 2, 0)
+        gated = _from_time_major_bdl(y_t, z)
         if D is not None:
-            gated = gated + D.to(compute)[:, None] * u_c
+            gated.addcmul_(D.to(compute)[:, None], u_c)
         dz = dout.to(compute) * gated * sig_z * (1 + z_c * (1 - sig_z))
         dz = match_layout(dz.to(z.dtype), z)
     dinit = None

@@ -10,7 +10,7 @@ h_t = a_t h_{t-1} + b_t with `tl.associative_scan` over the chunk, the incoming 
 the first position. Exponentials use exp2 with A pre-scaled by log2(e); A <= 0 never overflows.
 
 The forward writes out, the last state and the state at the start of every chunk (the
-checkpoints, float32 (B, D, K, N)). The backward walks the chunks in reverse: it recomputes the
+checkpoints, float32 (K, B, D, N)). The backward walks the chunks in reverse: it recomputes the
 chunk's states from its checkpoint, then runs the adjoint recurrence
 dh_t = g_t C_t + exp(dt_{t+1} A) dh_{t+1} as a reverse associative scan, the adjoint carried in
 from the later chunk added at the chunk's last position. With P = dh_t * (h_t - b_t)
@@ -204,7 +204,9 @@ def _scan_fwd_kernel(
     delta_ptr += pid_b * stride_db
     z_ptr += pid_b * stride_zb
     out_ptr += pid_b * stride_ob
-    ckpt_rows = ckpt_ptr + ((pid_b * D + offs_d[:, None]) * NUM_CHUNKS) * N + offs_n[None, :]
+    # Checkpoints (K, B, D, N): chunk c of this program's rows at ckpt_rows + c * B * D * N.
+    ckpt_rows = ckpt_ptr + (pid_b * D + offs_d[:, None]) * N + offs_n[None, :]
+    ckpt_step = tl.num_programs(1).to(tl.int64) * D * N
 
     h = tl.zeros((BLOCK_D, N_PAD), dtype=tl.float32)
     if HAS_INIT:
@@ -220,7 +222,7 @@ def _scan_fwd_kernel(
     for c in range(0, NUM_CHUNKS):
         t = c * CHUNK + offs_k
         mask_t = t < L
-        tl.store(ckpt_rows + c * N, h, mask=mask_dn)
+        tl.store(ckpt_rows + c * ckpt_step, h, mask=mask_dn)
         u = _load_tile(u_ptr, offs_d, mask_d, t, mask_t, stride_ud, stride_ul)
         dt, _ = _load_dt(delta_ptr, bias, offs_d, mask_d, t, mask_t, stride_dd, stride_dl, SOFTPLUS)
         Bt = _load_bc(B_ptr, offs_d, mask_d, offs_n, mask_n, t, mask_t, stride_B0, stride_B1, B_VAR)
@@ -357,7 +359,9 @@ def _scan_bwd_kernel(
     du_ptr += pid_b * stride_dub
     ddelta_ptr += pid_b * stride_ddb
     dz_ptr += pid_b * stride_dzb
-    ckpt_rows = ckpt_ptr + ((pid_b * D + offs_d[:, None]) * NUM_CHUNKS) * N + offs_n[None, :]
+    # Checkpoints (K, B, D, N): chunk c of this program's rows at ckpt_rows + c * B * D * N.
+    ckpt_rows = ckpt_ptr + (pid_b * D + offs_d[:, None]) * N + offs_n[None, :]
+    ckpt_step = tl.num_programs(1).to(tl.int64) * D * N
     # This program's (N, L) partials of a time-dependent B's and C's gradient.
     part_rows = (pid_b * num_programs + pid) * N * L + offs_n[:, None] * L
 
@@ -395,7 +399,7 @@ def _scan_bwd_kernel(
         Ct = _load_bc(C_ptr, offs_d, mask_d, offs_n, mask_n, t, mask_t, stride_C0, stride_C1, C_VAR)
 
         # Recompute the chunk's states from its checkpoint.
-        h0 = tl.load(ckpt_rows + c * N, mask=mask_dn, other=0.0)
+        h0 = tl.load(ckpt_rows + c * ckpt_step, mask=mask_dn, other=0.0)
         a = tl.exp2(dt[:, None, :] * A2[:, :, None])
         b = (dt * u)[:, None, :] * Bt
         first = offs_k[None, None, :] == 0
@@ -547,13 +551,13 @@ def forward(
     initial_state: torch.Tensor | None,
     softplus: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out (B, D, L) in u's dtype and layout, last_state (B, D, N), checkpoints (B, D, K, N))."""
+    """(out (B, D, L) in u's dtype and layout, last_state (B, D, N), checkpoints (K, B, D, N))."""
     batch, channels, length = u.shape
     N = A.shape[1]
     plan = _Plan(u, A, B, C)
     out = torch.empty_like(u)
     last = u.new_empty(batch, channels, N, dtype=torch.float32)
-    ckpt = u.new_empty(batch, channels, plan.num_chunks, N, dtype=torch.float32)
+    ckpt = u.new_empty(plan.num_chunks, batch, channels, N, dtype=torch.float32)
     gb_per, *b_strides = plan.b_args
     gc_per, *c_strides = plan.c_args
     _scan_fwd_kernel[plan.grid](
