@@ -368,7 +368,8 @@ for kernel, dtype, on, (block_d, n_pad, chunk) in itertools.product(
         else:
             sig[a] = "i32"
     compiled = compile(ASTSource(kernel, sig, const), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=8 if "bwd" in kernel.__name__ else 4))
+                       options=dict(num_warps=tk.BACKWARD_WARPS if "bwd" in kernel.__name__
+                                    else tk.FORWARD_WARPS))
     assert compiled.asm["cubin"], kernel.__name__
 print("compiled")
 """
