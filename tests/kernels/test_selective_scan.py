@@ -352,9 +352,10 @@ from kernels.selective_scan import triton_kernels as tk
 
 FLOAT32_BUFFERS = {"A_ptr", "Dv_ptr", "bias_ptr", "init_ptr", "last_ptr", "ckpt_ptr",
                    "dlast_ptr", "dinit_ptr"}
-for kernel, dtype, on, (block_d, n_pad, chunk) in itertools.product(
-    (tk._scan_fwd_kernel, tk._scan_bwd_kernel), ("bf16", "fp32"), (0, 1),
-    ((16, 16, 16), (2, 256, 8), (2, 2, 2)),
+# Every flag on and off, both dtypes, the default tile and the extreme ones (N = 256, N = 1).
+VARIANTS = (("bf16", 1, (16, 16, 16)), ("fp32", 0, (2, 256, 8)), ("fp16", 1, (2, 2, 2)))
+for kernel, (dtype, on, (block_d, n_pad, chunk)) in itertools.product(
+    (tk._scan_fwd_kernel, tk._scan_bwd_kernel), VARIANTS
 ):
     const = dict(BLOCK_D=block_d, N_PAD=n_pad, CHUNK=chunk)
     flags = ("HAS_", "B_VAR", "C_VAR", "SOFTPLUS")
