@@ -28,6 +28,11 @@ MAX_HEAD_DIM = 256
 RECURRENT_MAX_LEN = 64
 
 
+def kernel_for(backend: str, T: int) -> str:
+    """The kernel that runs T steps: "recurrent" or "chunked" (the PyTorch path is chunked)."""
+    return "recurrent" if backend == "triton" and T <= RECURRENT_MAX_LEN else "chunked"
+
+
 def _impl(backend: str):
     if backend == "triton":
         from kernels.delta_rule import triton_kernels
@@ -242,7 +247,7 @@ def chunk_delta_rule(
         compute = _state_dtype(q)
         q = l2_normalize(q.to(compute)).to(q.dtype)
         k = l2_normalize(k.to(compute)).to(k.dtype)
-    kernel = "recurrent" if chosen == "triton" and T <= RECURRENT_MAX_LEN else "chunked"
+    kernel = kernel_for(chosen, T)
     o, final, *_ = _delta_fwd(
         q, k, v, beta, initial_state, scale, bool(output_final_state), chosen, kernel
     )

@@ -486,17 +486,30 @@ def _recurrent_fwd_kernel(
         state = state.to(tl.float32)
     else:
         state = tl.zeros((BK, BV), dtype=tl.float32)
-    for t in range(T):
-        row = (b.to(tl.int64) * T + t) * H + h
-        kt = tl.load(k_ptr + row * K + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        qt = tl.load(q_ptr + row * K + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        vt = tl.load(v_ptr + row * V + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-        beta = tl.load(beta_ptr + row).to(tl.float32)
+    # Pointers at step 0, advanced by one step (H rows of the (B, T, H, .) layout) per step.
+    row = b.to(tl.int64) * T * H + h
+    p_q = q_ptr + row * K + offs_k
+    p_k = k_ptr + row * K + offs_k
+    p_v = v_ptr + row * V + offs_v
+    p_o = o_ptr + row * V + offs_v
+    p_beta = beta_ptr + row
+    p_u = u_ptr + bh64 * T * V + offs_v
+    for _ in range(T):
+        kt = tl.load(p_k, mask=mask_k, other=0.0).to(tl.float32)
+        qt = tl.load(p_q, mask=mask_k, other=0.0).to(tl.float32)
+        vt = tl.load(p_v, mask=mask_v, other=0.0).to(tl.float32)
+        beta = tl.load(p_beta).to(tl.float32)
         u = beta * (vt - tl.sum(state * kt[:, None], axis=0))
-        tl.store(u_ptr + (bh64 * T + t) * V + offs_v, u, mask=mask_v)
+        tl.store(p_u, u, mask=mask_v)
         state += kt[:, None] * u[None, :]
         o = tl.sum(state * qt[:, None], axis=0) * scale
-        tl.store(o_ptr + row * V + offs_v, o.to(o_ptr.dtype.element_ty), mask=mask_v)
+        tl.store(p_o, o.to(o_ptr.dtype.element_ty), mask=mask_v)
+        p_q += H * K
+        p_k += H * K
+        p_v += H * V
+        p_o += H * V
+        p_beta += H
+        p_u += V
     if STORE_FINAL:
         tl.store(final_ptr + bh64 * K * V + state_offs, state, mask=mask_kv)
 
@@ -540,7 +553,10 @@ def _recurrent_bwd_kernel(
     mask_kv = mask_k[:, None] & mask_v[None, :]
     state_offs = offs_k[:, None] * V + offs_v[None, :]
     bh64 = bh.to(tl.int64)
-    part = pid_v.to(tl.int64) * B * T * H  # this V block's slice of the partial sums
+    # This V block's slice of the partial sums over V blocks: (NV, B, T, H, .).
+    part = pid_v.to(tl.int64) * B * T * H
+    row = b.to(tl.int64) * T * H + h  # (b, 0, h)
+    last = row + (T - 1) * H  # (b, T - 1, h)
 
     # Reverse pass: the state's gradient, and what needs no state.
     if HAS_DFINAL:
@@ -548,21 +564,35 @@ def _recurrent_bwd_kernel(
         dstate = dstate.to(tl.float32)
     else:
         dstate = tl.zeros((BK, BV), dtype=tl.float32)
-    for i in range(T):
-        t = T - 1 - i
-        row = (b.to(tl.int64) * T + t) * H + h
-        kt = tl.load(k_ptr + row * K + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        qt = tl.load(q_ptr + row * K + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        do = tl.load(do_ptr + row * V + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-        u = tl.load(u_ptr + (bh64 * T + t) * V + offs_v, mask=mask_v, other=0.0)
-        beta = tl.load(beta_ptr + row).to(tl.float32)
-        dstate += scale * qt[:, None] * do[None, :]
+    p_q = q_ptr + last * K + offs_k
+    p_k = k_ptr + last * K + offs_k
+    p_do = do_ptr + last * V + offs_v
+    p_dv = dv_ptr + last * V + offs_v
+    p_beta = beta_ptr + last
+    p_dk = dk_part_ptr + (part + last) * K + offs_k
+    p_u = u_ptr + (bh64 * T + T - 1) * V + offs_v
+    p_du = du_ptr + (bh64 * T + T - 1) * V + offs_v
+    for _ in range(T):
+        kt = tl.load(p_k, mask=mask_k, other=0.0).to(tl.float32)
+        qt = tl.load(p_q, mask=mask_k, other=0.0).to(tl.float32)
+        do = tl.load(p_do, mask=mask_v, other=0.0).to(tl.float32)
+        u = tl.load(p_u, mask=mask_v, other=0.0)
+        beta = tl.load(p_beta).to(tl.float32)
+        dstate += (scale * qt)[:, None] * do[None, :]
         du = tl.sum(dstate * kt[:, None], axis=0)
-        dk_write = tl.sum(dstate * u[None, :], axis=1)  # through S_t = S_{t-1} + k_t u_t^T
-        tl.store(du_ptr + (bh64 * T + t) * V + offs_v, du, mask=mask_v)
-        tl.store(dv_ptr + row * V + offs_v, (beta * du).to(dv_ptr.dtype.element_ty), mask=mask_v)
-        tl.store(dk_part_ptr + (part + row) * K + offs_k, dk_write, mask=mask_k)
-        dstate -= beta * kt[:, None] * du[None, :]
+        tl.store(p_du, du, mask=mask_v)
+        tl.store(p_dv, (beta * du).to(dv_ptr.dtype.element_ty), mask=mask_v)
+        # dk through S_t = S_{t-1} + k_t u_t^T; the part through u_t comes in the forward pass.
+        tl.store(p_dk, tl.sum(dstate * u[None, :], axis=1), mask=mask_k)
+        dstate -= (beta * kt)[:, None] * du[None, :]
+        p_q -= H * K
+        p_k -= H * K
+        p_do -= H * V
+        p_dv -= H * V
+        p_beta -= H
+        p_dk -= H * K
+        p_u -= V
+        p_du -= V
     if STORE_DINIT:
         tl.store(dinit_ptr + bh64 * K * V + state_offs, dstate, mask=mask_kv)
     # The forward pass below reads back what the reverse pass wrote, from other threads.
@@ -574,23 +604,37 @@ def _recurrent_bwd_kernel(
         state = state.to(tl.float32)
     else:
         state = tl.zeros((BK, BV), dtype=tl.float32)
-    for t in range(T):
-        row = (b.to(tl.int64) * T + t) * H + h
-        kt = tl.load(k_ptr + row * K + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        vt = tl.load(v_ptr + row * V + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-        do = tl.load(do_ptr + row * V + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-        u = tl.load(u_ptr + (bh64 * T + t) * V + offs_v, mask=mask_v, other=0.0)
-        du = tl.load(du_ptr + (bh64 * T + t) * V + offs_v, mask=mask_v, other=0.0)
-        dk_write = tl.load(dk_part_ptr + (part + row) * K + offs_k, mask=mask_k, other=0.0)
-        beta = tl.load(beta_ptr + row).to(tl.float32)
-        recalled = tl.sum(state * kt[:, None], axis=0)
-        dbeta = tl.sum(tl.where(mask_v, du * (vt - recalled), 0.0), axis=0)
-        dk = dk_write - beta * tl.sum(state * du[None, :], axis=1)
+    p_k = k_ptr + row * K + offs_k
+    p_v = v_ptr + row * V + offs_v
+    p_do = do_ptr + row * V + offs_v
+    p_beta = beta_ptr + row
+    p_dk = dk_part_ptr + (part + row) * K + offs_k
+    p_dq = dq_part_ptr + (part + row) * K + offs_k
+    p_dbeta = dbeta_part_ptr + part + row
+    p_u = u_ptr + bh64 * T * V + offs_v
+    p_du = du_ptr + bh64 * T * V + offs_v
+    for _ in range(T):
+        kt = tl.load(p_k, mask=mask_k, other=0.0).to(tl.float32)
+        vt = tl.load(p_v, mask=mask_v, other=0.0).to(tl.float32)
+        do = tl.load(p_do, mask=mask_v, other=0.0).to(tl.float32)
+        u = tl.load(p_u, mask=mask_v, other=0.0)
+        du = tl.load(p_du, mask=mask_v, other=0.0)
+        dk_write = tl.load(p_dk, mask=mask_k, other=0.0)
+        beta = tl.load(p_beta).to(tl.float32)
+        # Masked columns hold zeros in du, v and the state: they add nothing.
+        tl.store(p_dbeta, tl.sum(du * (vt - tl.sum(state * kt[:, None], axis=0)), axis=0))
+        tl.store(p_dk, dk_write - beta * tl.sum(state * du[None, :], axis=1), mask=mask_k)
         state += kt[:, None] * u[None, :]
-        dq = tl.sum(state * do[None, :], axis=1) * scale
-        tl.store(dq_part_ptr + (part + row) * K + offs_k, dq, mask=mask_k)
-        tl.store(dk_part_ptr + (part + row) * K + offs_k, dk, mask=mask_k)
-        tl.store(dbeta_part_ptr + part + row, dbeta)
+        tl.store(p_dq, tl.sum(state * do[None, :], axis=1) * scale, mask=mask_k)
+        p_k += H * K
+        p_v += H * V
+        p_do += H * V
+        p_beta += H
+        p_dk += H * K
+        p_dq += H * K
+        p_dbeta += H
+        p_u += V
+        p_du += V
 
 
 # ------------------------------------------------------------------------------------------

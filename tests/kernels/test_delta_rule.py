@@ -8,6 +8,12 @@ gradcheck) on the same, already-rounded inputs.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,6 +21,8 @@ import torch.nn.functional as F
 from kernels import chunk_delta_rule
 from kernels.delta_rule import delta_rule_ref, op, torch_path
 from tests.kernels.tolerances import assert_close
+
+REPO = Path(__file__).resolve().parents[2]
 
 GRAD_NAMES = ("dq", "dk", "dv", "dbeta", "dinitial_state")
 
@@ -106,16 +114,91 @@ def test_torch_path_matches_reference(B, T, H, K, V, init, final_grad, l2norm):
     _check_against_reference(q, k, v, beta, s, torch.float32, "torch", final_grad, l2norm)
 
 
+def _force_kernel(monkeypatch, kernel: str) -> None:
+    """Make the Triton backend run `kernel` whatever the length (the dispatch threshold)."""
+    monkeypatch.setattr(op, "RECURRENT_MAX_LEN", 10**9 if kernel == "recurrent" else 0)
+
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("B,T,H,K,V,init,final_grad,l2norm", CASES, ids=CASE_IDS)
+def test_triton_chunked_matches_reference(
+    monkeypatch, device, dtype, B, T, H, K, V, init, final_grad, l2norm
+):
+    _force_kernel(monkeypatch, "chunked")
+    dt = DTYPES[dtype]
+    q, k, v, beta, s = _inputs(B, T, H, K, V, dt, device, init, l2norm, seed=T + K)
+    _check_against_reference(q, k, v, beta, s, dt, "triton", final_grad, l2norm)
+
+
+# The recurrent kernel steps through time under the interpreter: short sequences (its use),
+# one dtype per case, every T up to 100, K, V and H value and flag; V = 64 with one program
+# per batch row and head exercises the sums over several V blocks.
+RECURRENT_CASES = [
+    (2, 1, 2, 16, 16, True, True, False, "fp32"),
+    (1, 15, 1, 20, 64, False, True, False, "fp16"),
+    (1, 37, 2, 64, 20, True, False, False, "fp32"),
+    (1, 64, 1, 16, 20, False, False, True, "fp16"),
+    (1, 100, 2, 20, 16, True, True, False, "fp32"),
+    (1, 37, 1, 64, 64, True, True, False, "fp16"),
+]
+
+
+@pytest.mark.parametrize(
+    "B,T,H,K,V,init,final_grad,l2norm,dtype",
+    RECURRENT_CASES,
+    ids=[f"B{c[0]}-T{c[1]}-H{c[2]}-K{c[3]}-V{c[4]}-{c[8]}" for c in RECURRENT_CASES],
+)
+def test_triton_recurrent_matches_reference(
+    monkeypatch, device, B, T, H, K, V, init, final_grad, l2norm, dtype
+):
+    _force_kernel(monkeypatch, "recurrent")
+    dt = DTYPES[dtype]
+    q, k, v, beta, s = _inputs(B, T, H, K, V, dt, device, init, l2norm, seed=T + V)
+    _check_against_reference(q, k, v, beta, s, dt, "triton", final_grad, l2norm)
+
+
+def test_triton_chunked_wide_head_fp16(monkeypatch, device):
+    """K = 100 pads to 128 and splits the gradient kernel over two K blocks."""
+    _force_kernel(monkeypatch, "chunked")
+    q, k, v, beta, s = _inputs(1, 70, 1, 100, 36, torch.float16, device, True, seed=9)
+    _check_against_reference(q, k, v, beta, s, torch.float16, "triton", True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["chunked", "recurrent"])
+@pytest.mark.parametrize("B,T,H,K,V,init,final_grad,l2norm", CASES, ids=CASE_IDS)
+def test_triton_bf16_matches_reference(
+    monkeypatch, device, kernel, B, T, H, K, V, init, final_grad, l2norm
+):
+    _force_kernel(monkeypatch, kernel)
+    q, k, v, beta, s = _inputs(B, T, H, K, V, torch.bfloat16, device, init, l2norm, seed=T)
+    _check_against_reference(q, k, v, beta, s, torch.bfloat16, "triton", final_grad, l2norm)
+
+
+@pytest.mark.gpu
+def test_triton_bf16_large_heads(device):
+    """The benchmark's long shape, scaled down: K = V = 128 over many chunks."""
+    q, k, v, beta, s = _inputs(2, 1000, 4, 128, 128, torch.bfloat16, device, True, seed=11)
+    _check_against_reference(q, k, v, beta, s, torch.bfloat16, "triton", True)
+
+
 def test_torch_path_fp16_matches_reference():
     q, k, v, beta, s = _inputs(2, 100, 2, 20, 64, torch.float16, "cpu", True, seed=3)
     _check_against_reference(q, k, v, beta, s, torch.float16, "torch", True)
 
 
-def test_extreme_beta_and_long_sequence_stay_finite_and_exact():
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_extreme_beta_and_long_sequence_stay_finite_and_exact(monkeypatch, device, backend):
     """beta at both ends of [0, 2] on unit keys, over many chunks: no inf/NaN, still exact."""
-    q, k, v, beta, s = _inputs(1, 300, 2, 20, 16, torch.float32, "cpu", True, seed=5)
-    beta = torch.where(torch.rand(beta.shape) < 0.5, 2.0, 0.0)
-    _check_against_reference(q, k, v, beta, s, torch.float32, "torch", True)
+    _force_kernel(monkeypatch, "chunked")
+    device = device if backend == "triton" else torch.device("cpu")
+    q, k, v, beta, s = _inputs(1, 300, 2, 20, 16, torch.float32, device, True, seed=5)
+    g = torch.Generator().manual_seed(5)
+    beta = torch.where(torch.rand(beta.shape, generator=g) < 0.5, 2.0, 0.0).to(device)
+    _check_against_reference(q, k, v, beta, s, torch.float32, backend, True)
 
 
 def _with_chunk_size(monkeypatch, size: int) -> None:
@@ -127,7 +210,7 @@ def test_gradcheck_float64_torch_path(monkeypatch, with_init):
     _with_chunk_size(monkeypatch, 3)  # several chunks and a ragged last one at T = 7
     g = torch.Generator().manual_seed(7)
     make = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
-    B, T, H, K, V = 2, 7, 2, 3, 4
+    B, T, H, K, V = 1, 7, 2, 3, 2
     q, v = make(B, T, H, K), make(B, T, H, V)
     k = F.normalize(make(B, T, H, K), dim=-1)
     beta = 2 * torch.rand(B, T, H, generator=g, dtype=torch.float64)
@@ -152,12 +235,21 @@ def test_gradcheck_float64_l2norm():
     assert torch.autograd.gradcheck(fn, (q, k, v, beta))
 
 
-BACKENDS = ["torch"]
+# (backend, kernel): the PyTorch path and both Triton kernels.
+IMPLEMENTATIONS = [("torch", None), ("triton", "chunked"), ("triton", "recurrent")]
+IMPL_IDS = ["torch", "triton-chunked", "triton-recurrent"]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_zero_beta_leaves_the_state_unchanged(backend):
-    q, k, v, beta, s = _inputs(2, 37, 2, 20, 16, torch.float32, "cpu", True, seed=2)
+def _implementation(monkeypatch, device, backend, kernel) -> torch.device:
+    if kernel is not None:
+        _force_kernel(monkeypatch, kernel)
+    return device if backend == "triton" else torch.device("cpu")
+
+
+@pytest.mark.parametrize("backend,kernel", IMPLEMENTATIONS, ids=IMPL_IDS)
+def test_zero_beta_leaves_the_state_unchanged(monkeypatch, device, backend, kernel):
+    device = _implementation(monkeypatch, device, backend, kernel)
+    q, k, v, beta, s = _inputs(1, 37, 2, 20, 16, torch.float32, device, True, seed=2)
     o, final = chunk_delta_rule(
         q, k, v, torch.zeros_like(beta), 1.0, s, output_final_state=True, backend=backend
     )
@@ -166,10 +258,11 @@ def test_zero_beta_leaves_the_state_unchanged(backend):
     assert_close(o, torch.einsum("bthk,bhkv->bthv", q, s), torch.float32, "o")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_full_write_of_a_unit_key_recalls_its_value(backend):
+@pytest.mark.parametrize("backend,kernel", IMPLEMENTATIONS, ids=IMPL_IDS)
+def test_full_write_of_a_unit_key_recalls_its_value(monkeypatch, device, backend, kernel):
     """beta = 1 on a unit key overwrites what the memory holds for it: reading it returns v."""
-    q, k, v, beta, s = _inputs(2, 37, 2, 20, 16, torch.float32, "cpu", True, seed=4)
+    device = _implementation(monkeypatch, device, backend, kernel)
+    q, k, v, beta, s = _inputs(1, 37, 2, 20, 16, torch.float32, device, True, seed=4)
     t = 23
     beta[:, t] = 1.0
     q[:, t] = k[:, t]
@@ -177,14 +270,18 @@ def test_full_write_of_a_unit_key_recalls_its_value(backend):
     assert_close(o[:, t], v[:, t], torch.float32, "o at the write")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_splitting_the_sequence_and_carrying_the_state_equals_one_call(backend):
-    q, k, v, beta, s = _inputs(2, 100, 2, 20, 16, torch.float32, "cpu", True, seed=6)
+@pytest.mark.parametrize("backend,kernel", IMPLEMENTATIONS, ids=IMPL_IDS)
+def test_splitting_the_sequence_and_carrying_the_state_equals_one_call(
+    monkeypatch, device, backend, kernel
+):
+    device = _implementation(monkeypatch, device, backend, kernel)
+    T = 40 if kernel == "recurrent" else 100  # pieces within and across chunks
+    q, k, v, beta, s = _inputs(2, T, 1, 16, 16, torch.float32, device, True, seed=6)
     o_whole, final_whole = chunk_delta_rule(
         q, k, v, beta, initial_state=s, output_final_state=True, backend=backend
     )
     pieces, state = [], s
-    for start, stop in ((0, 1), (1, 37), (37, 100)):
+    for start, stop in ((0, 1), (1, 37), (37, T)):
         o, state = chunk_delta_rule(
             q[:, start:stop],
             k[:, start:stop],
@@ -199,14 +296,67 @@ def test_splitting_the_sequence_and_carrying_the_state_equals_one_call(backend):
     assert_close(state, final_whole, torch.float32, "final_state")
 
 
-def test_strided_inputs_torch_path():
-    """q, k, v sliced out of one fused projection, as models hold them."""
+@pytest.mark.parametrize("kernel", ["chunked", "recurrent"])
+def test_triton_backward_is_deterministic(monkeypatch, device, kernel):
+    _force_kernel(monkeypatch, kernel)
+    T, H = (100, 2) if kernel == "chunked" else (12, 1)
+    # K = 64 in float32 splits the gradient kernel over K blocks; V = 64 splits V.
+    q, k, v, beta, s = _inputs(1, T, H, 64, 64, torch.float32, device, True, seed=10)
+    do = torch.randn(1, T, H, 64).to(device)
+    dfinal = torch.randn(1, H, 64, 64).to(device)
+    runs = [
+        _forward_and_grads(chunk_delta_rule, q, k, v, beta, s, do, dfinal, backend="triton")[2]
+        for _ in range(2)
+    ]
+    for name, a, b in zip(GRAD_NAMES, *runs, strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_dispatch_between_the_triton_kernels(monkeypatch, device):
+    """Up to RECURRENT_MAX_LEN steps run the fused recurrent kernel, longer ones the chunked."""
+    assert op.kernel_for("triton", op.RECURRENT_MAX_LEN) == "recurrent"
+    assert op.kernel_for("triton", op.RECURRENT_MAX_LEN + 1) == "chunked"
+    assert op.kernel_for("torch", 1) == "chunked"
+    from kernels.delta_rule import triton_kernels
+
+    seen = []
+    real_forward = triton_kernels.forward
+
+    def spy(*args):
+        seen.append(args[-1])
+        return real_forward(*args)
+
+    monkeypatch.setattr(triton_kernels, "forward", spy)
+    monkeypatch.setattr(op, "RECURRENT_MAX_LEN", 3)
+    for T in (3, 4):
+        q, k, v, beta, _ = _inputs(1, T, 1, 16, 16, torch.float32, device)
+        chunk_delta_rule(q, k, v, beta, backend="triton")
+    assert seen == ["recurrent", "chunked"]
+
+
+def test_single_step_decoding_matches_reference(device):
+    """T = 1 with a carried state, as in generation: the default dispatch (recurrent)."""
+    q, k, v, beta, s = _inputs(3, 1, 2, 64, 64, torch.float16, device, True, seed=12)
+    _check_against_reference(q, k, v, beta, s, torch.float16, "triton", True)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_strided_inputs(monkeypatch, device, backend):
+    """q, k, v sliced out of one fused projection, as models hold them; the gradients come
+    back in the inputs' layouts."""
+    _force_kernel(monkeypatch, "chunked")
+    device = device if backend == "triton" else torch.device("cpu")
     B, T, H, K, V = 2, 20, 2, 16, 20
-    qkv = torch.randn(B, T, H, 2 * K + V)
+    qkv = torch.randn(B, T, H, 2 * K + V, device=device)
     q, k, v = qkv[..., :K], F.normalize(qkv[..., K : 2 * K], dim=-1), qkv[..., 2 * K :]
-    beta = torch.rand(B, 2 * T, H)[:, ::2]
+    beta = torch.rand(B, 2 * T, H, device=device)[:, ::2]
     assert not q.is_contiguous() and not beta.is_contiguous()
-    _check_against_reference(q, k, v, beta, None, torch.float32, "torch", True)
+    _check_against_reference(q, k, v, beta, None, torch.float32, backend, True)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v, beta)]
+    o, _ = chunk_delta_rule(*leaves, backend=backend)
+    o.sum().backward()
+    for t in leaves:
+        assert t.grad.stride() == torch.empty_like(t).stride()
 
 
 def test_compiles_fullgraph_with_backward():
@@ -291,5 +441,28 @@ def test_unknown_backend_is_refused():
         chunk_delta_rule(**_valid_args(), backend="cuda")
 
 
-def test_dispatch_threshold_is_one_constant():
-    assert op.RECURRENT_MAX_LEN >= 1
+def test_triton_refuses_float64_by_name():
+    args = {n: t.double() if isinstance(t, torch.Tensor) else t for n, t in _valid_args().items()}
+    with pytest.raises(TypeError, match="q has dtype float64"):
+        chunk_delta_rule(**args, backend="triton")
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("triton.backends.nvidia") is None, reason="no CUDA backend"
+)
+def test_kernels_compile_for_hopper_within_its_shared_memory():
+    """What the interpreter cannot check: the bf16 kernels at the benchmark's head size compile
+    for sm_90 (with the ptxas shipped with Triton) and fit one block's shared memory."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(REPO)
+    result = subprocess.run(
+        [sys.executable, "-m", "kernels.delta_rule.compile_check", "--heads", "128x128"]
+        + ["--dtypes", "bf16"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.count("regs=") == 7, result.stdout
