@@ -6,9 +6,9 @@ opaque node with a registered backward. Which implementation runs is decided per
 recurrent kernel up to `RECURRENT_MAX_LEN` steps (short sequences, single-step decoding), the
 chunked kernels above it. Both choices reach the custom op as strings.
 
-The forward op also returns what the Triton backward needs from the forward (chunk-boundary
-states, the chunks' u rows and triangular inverses; see `triton_kernels`), as extra outputs
-that the autograd glue saves; on the PyTorch path those are empty placeholders.
+The forward op also returns what the backward needs from the forward (the chunks' start
+states, u rows and triangular inverses; the recurrent kernel keeps only the u rows), as extra
+outputs that the autograd glue saves for the backward op.
 """
 
 from __future__ import annotations
@@ -45,11 +45,6 @@ def _state_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def _saved_placeholders(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # Distinct tensors: custom-op outputs may not alias one another.
-    return q.new_empty(0), q.new_empty(0), q.new_empty(0)
-
-
 @torch.library.custom_op("mecheval::delta_rule_fwd", mutates_args=())
 def _delta_fwd(
     q: torch.Tensor,
@@ -62,13 +57,9 @@ def _delta_fwd(
     backend: str,
     kernel: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    if backend == "triton":
-        o, final, saved = _impl(backend).forward(
-            q, k, v, beta, scale, initial_state, output_final_state, kernel
-        )
-    else:
-        o, final = torch_path.forward(q, k, v, beta, scale, initial_state, output_final_state)
-        saved = _saved_placeholders(q)
+    o, final, saved = _impl(backend).forward(
+        q, k, v, beta, scale, initial_state, output_final_state, kernel
+    )
     if final is None:
         final = q.new_empty(0, dtype=_state_dtype(q))
     return (o, final, *saved)
@@ -83,11 +74,7 @@ def _(q, k, v, beta, initial_state, scale, output_final_state, backend, kernel):
         final = q.new_empty(B, H, K, V, dtype=_state_dtype(q))
     else:
         final = q.new_empty(0, dtype=_state_dtype(q))
-    if backend == "triton":
-        saved = _impl(backend).empty_saved(q, v, kernel)
-    else:
-        saved = _saved_placeholders(q)
-    return (o, final, *saved)
+    return (o, final, *_impl(backend).empty_saved(q, v, kernel))
 
 
 @torch.library.custom_op("mecheval::delta_rule_bwd", mutates_args=())
@@ -106,13 +93,9 @@ def _delta_bwd(
     backend: str,
     kernel: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    if backend == "triton":
-        grads = _impl(backend).backward(
-            do, dfinal, q, k, v, beta, scale, initial_state, (saved_a, saved_b, saved_c), kernel
-        )
-    else:
-        grads = torch_path.backward(do, dfinal, q, k, v, beta, scale, initial_state)
-    dq, dk, dv, dbeta, dinit = grads
+    dq, dk, dv, dbeta, dinit = _impl(backend).backward(
+        do, dfinal, q, k, v, beta, scale, initial_state, (saved_a, saved_b, saved_c), kernel
+    )
     layouts = (q, k, v, beta)
     dq, dk, dv, dbeta = (_like(g, t) for g, t in zip((dq, dk, dv, dbeta), layouts, strict=True))
     # Custom ops return tensors only: an absent initial_state gets an empty placeholder.

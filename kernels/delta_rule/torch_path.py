@@ -1,27 +1,28 @@
 """The PyTorch path of the delta rule (CPU fast path): the chunked WY form in batched matmuls.
 
-Within a chunk of C steps starting from state S, the per-step recurrence unrolls to
+Within a chunk of C steps starting from state S (rows Q, K, V, beta; Kb = diag(beta) K), the
+per-step recurrence unrolls to
 
-    (I + tril(diag(beta) K K^T, -1)) U = diag(beta) (V - K S)      # U: the chunk's u_t rows
-    O = scale * (Q S + tril(Q K^T) U)                               # tril keeps the diagonal
+    A = (I + tril(Kb K^T, -1))^{-1}                 (one triangular solve for all chunks)
+    U = A diag(beta) V - A Kb S                     (the chunk's u_t rows)
+    O = Q S + tril(Q K^T) U                         (q pre-scaled; tril keeps the diagonal)
     S' = S + K^T U
 
-so with W_k = M^{-1} diag(beta) K and W_v = M^{-1} diag(beta) V (one triangular solve for every
-chunk at once, M the unit lower-triangular matrix on the left), only U = W_v - W_k S, O and S'
-are left to the sequential loop over chunks: T / C steps of matmuls instead of T steps of
-matrix-vector products. The sequence is zero-padded to a multiple of C (padded steps have
-k = 0 and beta = 0, so they leave the state alone).
+so only U and S' are left to the sequential loop over chunks (T / C steps of matmuls instead of
+T steps of matrix-vector products); O is one batched matmul over all chunks afterwards. The
+sequence is zero-padded to a multiple of C (padded steps have k = 0 and beta = 0, so they leave
+the state alone).
 
-The backward is the vector-Jacobian product of this forward (torch.func.vjp), which keeps the
-chunk-boundary states, not the per-step ones.
+The backward is written out (the derivative of the above, as in `triton_kernels`): a reverse
+loop over chunks for the state's gradient dS and dR = A^T dU, then batched matmuls over all
+chunks for the gradients of q, k, v and beta. The forward saves the chunk start states, the U
+rows and A for it: no per-step state is ever kept.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from kernels.vjp import vjp_of
 
 # Sequences shorter than this are one chunk of their own length.
 CHUNK_SIZE = 64
@@ -31,14 +32,51 @@ def _compute_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
+def _chunking(T: int) -> tuple[int, int]:
+    chunk = min(CHUNK_SIZE, T)
+    return chunk, -(-T // chunk)
+
+
 def _to_chunks(x: torch.Tensor, chunk: int, num_chunks: int) -> torch.Tensor:
-    """(B, T, H, D) -> (B, H, num_chunks, chunk, D), zero-padded along T."""
+    """(B, T, H, D) -> (num_chunks, B, H, chunk, D), zero-padded along T, contiguous (so that
+    each chunk's slice, used in the sequential loops, is one dense block)."""
     B, T, H, D = x.shape
-    x = x.transpose(1, 2)
     pad = num_chunks * chunk - T
     if pad:
-        x = F.pad(x, (0, 0, 0, pad))
-    return x.reshape(B, H, num_chunks, chunk, D)
+        x = F.pad(x, (0, 0, 0, 0, 0, pad))
+    return x.reshape(B, num_chunks, chunk, H, D).permute(1, 0, 3, 2, 4).contiguous()
+
+
+def _from_chunks(x: torch.Tensor, T: int) -> torch.Tensor:
+    """(num_chunks, B, H, chunk, D) -> (B, T, H, D)."""
+    n, B, H, C, D = x.shape
+    return x.permute(1, 0, 3, 2, 4).reshape(B, n * C, H, D)[:, :T]
+
+
+def empty_saved(
+    q: torch.Tensor, v: torch.Tensor, kernel: str = "chunked"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward's saved buffers, unfilled: U rows (n, B, H, C, V), chunk start states
+    (n, B, H, K, V) and A (n, B, H, C, C), in float32 (float64 for float64 inputs)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    chunk, n = _chunking(T)
+    dtype = _compute_dtype(q)
+    return (
+        q.new_empty(n, B, H, chunk, V, dtype=dtype),
+        q.new_empty(n, B, H, K, V, dtype=dtype),
+        q.new_empty(n, B, H, chunk, chunk, dtype=dtype),
+    )
+
+
+def _chunked_inputs(q, k, v, beta, scale):
+    compute = _compute_dtype(q)
+    chunk, n = _chunking(q.shape[1])
+    qc = _to_chunks(q.to(compute) * scale, chunk, n)  # (n, B, H, C, K), pre-scaled
+    kc = _to_chunks(k.to(compute), chunk, n)
+    vc = _to_chunks(v.to(compute), chunk, n)
+    bc = _to_chunks(beta.to(compute).unsqueeze(-1), chunk, n)  # (n, B, H, C, 1)
+    return qc, kc, vc, bc
 
 
 def forward(
@@ -49,39 +87,32 @@ def forward(
     scale: float,
     initial_state: torch.Tensor | None,
     output_final_state: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    kernel: str = "chunked",
+) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]:
     """q, k (B, T, H, K), v (B, T, H, V), beta (B, T, H), initial_state (B, H, K, V).
 
-    Returns o (B, T, H, V) in q's dtype (contiguous) and, with `output_final_state`, the final
-    state (B, H, K, V) in float32 (float64 for float64 inputs).
+    Returns o (B, T, H, V) in q's dtype (contiguous), the final state (B, H, K, V) in float32
+    (float64 for float64 inputs) or None, and the buffers the backward needs (`empty_saved`).
+    The PyTorch path has one kernel: `kernel` is accepted for symmetry with the Triton path.
     """
-    compute = _compute_dtype(q)
     B, T, H, K = q.shape
-    V = v.shape[-1]
-    chunk = min(CHUNK_SIZE, T)
-    n = -(-T // chunk)
-    qc, kc, vc = (_to_chunks(t.to(compute), chunk, n) for t in (q, k, v))
-    bc = _to_chunks(beta.to(compute).unsqueeze(-1), chunk, n)  # (B, H, n, C, 1)
+    qc, kc, vc, bc = _chunked_inputs(q, k, v, beta, scale)
+    u, h, a = empty_saved(q, v)
     kb = kc * bc
     lower = (kb @ kc.transpose(-1, -2)).tril(-1)
-    eye = torch.eye(chunk, dtype=compute, device=q.device)
-    w = torch.linalg.solve_triangular(
-        eye + lower, torch.cat([kb, vc * bc], dim=-1), upper=False, unitriangular=True
+    eye = torch.eye(lower.shape[-1], dtype=lower.dtype, device=lower.device)
+    torch.linalg.solve_triangular(
+        eye + lower, eye.expand_as(lower), upper=False, unitriangular=True, out=a
     )
-    w_k, w_v = w.split([K, V], dim=-1)
-    qk = (qc @ kc.transpose(-1, -2)).tril()
-    if initial_state is None:
-        state = q.new_zeros(B, H, K, V, dtype=compute)
-    else:
-        state = initial_state.to(compute)
-    outputs = []
-    for c in range(n):
-        u = w_v[:, :, c] - w_k[:, :, c] @ state
-        outputs.append(qc[:, :, c] @ state + qk[:, :, c] @ u)
-        state = state + kc[:, :, c].transpose(-1, -2) @ u
-    o = (torch.stack(outputs, dim=2) * scale).reshape(B, H, n * chunk, V)[:, :, :T]
-    o = o.transpose(1, 2).to(q.dtype).contiguous()
-    return o, (state if output_final_state else None)
+    w_k, w_v = a @ kb, a @ (vc * bc)
+    state = h.new_zeros(h.shape[1:]) if initial_state is None else initial_state.to(h.dtype)
+    for c in range(h.shape[0]):
+        h[c] = state
+        torch.sub(w_v[c], w_k[c] @ state, out=u[c])
+        state = state + kc[c].transpose(-1, -2) @ u[c]
+    o = qc @ h + (qc @ kc.transpose(-1, -2)).tril() @ u  # (n, B, H, C, V)
+    o = _from_chunks(o, T).to(q.dtype).contiguous()
+    return o, (state if output_final_state else None), (u, h, a)
 
 
 def backward(
@@ -93,16 +124,43 @@ def backward(
     beta: torch.Tensor,
     scale: float,
     initial_state: torch.Tensor | None,
+    saved: tuple[torch.Tensor, ...],
+    kernel: str = "chunked",
 ) -> list[torch.Tensor | None]:
-    """Gradients (dq, dk, dv, dbeta, dinitial_state); None for an absent initial_state.
-
-    `dfinal` is the gradient of the final state, or None when it was not an output.
-    """
-    with_final = dfinal is not None
-
-    def run(q_, k_, v_, b_, s_):
-        o, final = forward(q_, k_, v_, b_, scale, s_, with_final)
-        return (o, final) if with_final else o
-
-    cotangents = (do, dfinal) if with_final else do
-    return vjp_of(run, (q, k, v, beta, initial_state), cotangents)
+    """Gradients (dq, dk, dv, dbeta, dinitial_state) in the compute dtype; None for an absent
+    initial_state. `dfinal` is the final state's gradient, or None when it was not an output."""
+    T = q.shape[1]
+    u, h, a = saved
+    qc, kc, vc, bc = _chunked_inputs(q, k, v, beta, scale)
+    chunk, n = _chunking(T)
+    doc = _to_chunks(do.to(h.dtype), chunk, n)
+    kb = kc * bc
+    qk_t = (qc @ kc.transpose(-1, -2)).tril().transpose(-1, -2)
+    dstate = h.new_zeros(h.shape[1:]) if dfinal is None else dfinal.to(h.dtype)
+    dh = torch.empty_like(h)  # gradient of each chunk's end state
+    dr = torch.empty_like(u)  # gradient of R = diag(beta) V - Kb S
+    for c in reversed(range(n)):
+        dh[c] = dstate
+        du = kc[c] @ dstate + qk_t[c] @ doc[c]
+        torch.matmul(a[c].transpose(-1, -2), du, out=dr[c])
+        dstate = dstate + qc[c].transpose(-1, -2) @ doc[c] - kb[c].transpose(-1, -2) @ dr[c]
+    # Everything else is parallel over chunks.
+    d_qk = (doc @ u.transpose(-1, -2)).tril()  # gradient of tril(Q K^T)
+    d_lower = -(dr @ u.transpose(-1, -2)).tril(-1)  # gradient of tril(Kb K^T, -1)
+    d_kb = d_lower @ kc - dr @ h.transpose(-1, -2)
+    dq = (doc @ h.transpose(-1, -2) + d_qk @ kc) * scale
+    dk = (
+        u @ dh.transpose(-1, -2)
+        + d_qk.transpose(-1, -2) @ qc
+        + d_lower.transpose(-1, -2) @ kb
+        + bc * d_kb
+    )
+    dv = bc * dr
+    dbeta = (d_kb * kc).sum(-1, keepdim=True) + (dr * vc).sum(-1, keepdim=True)
+    return [
+        _from_chunks(dq, T),
+        _from_chunks(dk, T),
+        _from_chunks(dv, T),
+        _from_chunks(dbeta, T).squeeze(-1),
+        None if initial_state is None else dstate,
+    ]
