@@ -38,17 +38,28 @@ def num_checkpoints(batch: int, channels: int, state: int, length: int) -> int:
     return (length + t - 1) // t
 
 
-# B and C come in three layouts. `_chunk` cuts positions [t0, t1) out of one in time-major
-# order; the three helpers below then broadcast, contract or differentiate it against the
-# (T, B, D, N) states without materialising a per-channel copy of a shared or grouped B or C.
+# B and C come in three layouts. `_time_major_bc` lays one out with positions first (once per
+# call: strided reads of B or C inside the chunk loop are several times slower), `_chunk` cuts
+# positions [t0, t1) out of that, and the helpers below broadcast, contract or differentiate a
+# chunk against the (T, B, D, N) states without materialising a per-channel copy of it.
 
 
-def _chunk(X: torch.Tensor, t0: int, t1: int) -> torch.Tensor:
-    if X.dim() == 2:  # (D, N)
+def _time_major_bc(X: torch.Tensor) -> torch.Tensor:
+    if X.dim() == 2:  # (D, N): the same at every position
         return X
-    if X.dim() == 3:  # (B, N, L) -> (T, B, N)
-        return X[:, :, t0:t1].permute(2, 0, 1)
-    return X[..., t0:t1].permute(3, 0, 1, 2)  # (B, G, N, L) -> (T, B, G, N)
+    if X.dim() == 3:  # (B, N, L) -> (L, B, N)
+        return X.permute(2, 0, 1).contiguous()
+    return X.permute(3, 0, 1, 2).contiguous()  # (B, G, N, L) -> (L, B, G, N)
+
+
+def _chunk(Xt: torch.Tensor, t0: int, t1: int) -> torch.Tensor:
+    return Xt if Xt.dim() == 2 else Xt[t0:t1]
+
+
+def _sum_last(x: torch.Tensor) -> torch.Tensor:
+    """x.sum(-1) as a matrix-vector product (a short last dimension sums slowly)."""
+    ones = x.new_ones(x.shape[-1])
+    return (x.reshape(-1, x.shape[-1]) @ ones).view(x.shape[:-1])
 
 
 def _outer(w: torch.Tensor, Xc: torch.Tensor, X: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -67,7 +78,7 @@ def _outer(w: torch.Tensor, Xc: torch.Tensor, X: torch.Tensor, out: torch.Tensor
 def _inner(states: torch.Tensor, Xc: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
     """sum_n states * X: (T, B, D)."""
     if X.dim() == 2:
-        return (states * Xc).sum(-1)
+        return _sum_last(states * Xc)
     if X.dim() == 3:
         return (states @ Xc[..., None]).squeeze(-1)
     T, batch, channels, N = states.shape
@@ -91,11 +102,9 @@ def _grad(w: torch.Tensor, states: torch.Tensor, X: torch.Tensor) -> torch.Tenso
     return per_group[:, :, 0] if X.dim() == 3 else per_group
 
 
-def _grad_buffer(X: torch.Tensor, length: int) -> torch.Tensor:
-    """Where X's gradient is gathered: (D, N) zeros, or time-major (L, B, N) / (L, B, G, N)."""
-    if X.dim() == 2:
-        return torch.zeros_like(X)
-    return X.new_empty(length, *X.shape[:-2], X.shape[-2])
+def _grad_buffer(Xt: torch.Tensor) -> torch.Tensor:
+    """Where the gradient of a time-major B or C is gathered: (D, N) zeros, or (L, B, ...)."""
+    return torch.zeros_like(Xt) if Xt.dim() == 2 else torch.empty_like(Xt)
 
 
 def _add_grad(buffer: torch.Tensor, chunk_grad: torch.Tensor, t0: int, t1: int) -> None:
@@ -172,7 +181,8 @@ def forward(
     dt, _ = _discretisation(delta, delta_bias, softplus, compute)
     u_c = u.to(compute)
     dt_t, u_t = _time_major(dt), _time_major(u_c)
-    A_c, B_c, C_c = A.to(compute), B.to(compute), C.to(compute)
+    A_c = A.to(compute)
+    B_c, C_c = _time_major_bc(B.to(compute)), _time_major_bc(C.to(compute))
 
     n_chunks = (length + T - 1) // T
     checkpoints = u.new_empty(n_chunks, batch, channels, N, dtype=compute)
@@ -231,7 +241,8 @@ def backward(
     dt, pre = _discretisation(delta, delta_bias, softplus, compute)
     u_c = u.to(compute)
     dt_t, u_t = _time_major(dt), _time_major(u_c)
-    A_c, B_c, C_c = A.to(compute), B.to(compute), C.to(compute)
+    A_c = A.to(compute)
+    B_c, C_c = _time_major_bc(B.to(compute)), _time_major_bc(C.to(compute))
 
     # g: the gradient of y = <h, C>, through the gate when there is one.
     g = dout.to(compute)
@@ -243,7 +254,7 @@ def backward(
     g_t = _time_major(g)
 
     dA = torch.zeros_like(A_c)
-    dB_t, dC_t = _grad_buffer(B_c, length), _grad_buffer(C_c, length)
+    dB_t, dC_t = _grad_buffer(B_c), _grad_buffer(C_c)
     du_t = u.new_empty(length, batch, channels, dtype=compute)
     ddt_t = torch.empty_like(du_t)
     # The adjoint carried into each chunk from the one after it; the last state's gradient first.
@@ -277,7 +288,7 @@ def backward(
         P[1:].mul_(hs[:-1])
         P[0].mul_(h0)
         P.mul_(dh)
-        ddt_t[t0:t1] = torch.mul(P, A_c, out=hs).sum(-1) + u_c_t * S  # hs is done with
+        ddt_t[t0:t1] = _sum_last(torch.mul(P, A_c, out=hs)) + u_c_t * S  # hs is done with
         dA += P.mul_(dt_c[..., None]).sum((0, 1))
 
     du = _from_time_major_bdl(du_t, u)
