@@ -1,0 +1,136 @@
+"""Sweeps: grid expansion, resume after a kill, failures recorded, Ray equals local."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from mecheval.config import ConfigError
+from mecheval.sweep import RESULTS, expand_sweep, run_sweep
+
+REPO = Path(__file__).resolve().parents[2]
+BASE = {
+    "task": {
+        "name": "ar",
+        "options": {"num_pairs": 4, "num_keys": 16},
+        "train_size": 320,
+        "eval_size": 32,
+    },
+    "model": {"d_model": 16},
+    "steps": 8,
+    "eval_every": 4,
+    "checkpoint_every": 4,
+}
+VOLATILE = ["wall_time_s", "checkpoint"]  # differ between any two executions
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MECHEVAL_CACHE", str(tmp_path / "cache"))
+
+
+def _spec(grid: dict, **extra) -> dict:
+    return {"base": BASE, "grid": grid, **extra}
+
+
+def test_grid_expands_as_a_product_with_stable_names():
+    runs = expand_sweep(
+        _spec({"arch": ["attention", "mamba"], "optim.lr": [1e-3, 3e-3], "seed": [1, 2]})
+    )
+    assert len(runs) == 8
+    assert len({r.name for r in runs}) == 8
+    assert {(r.config.model.arch, r.config.optim.lr, r.config.seed) for r in runs} == {
+        (a, lr, s) for a in ("attention", "mamba") for lr in (1e-3, 3e-3) for s in (1, 2)
+    }
+    again = expand_sweep(
+        _spec({"arch": ["attention", "mamba"], "optim.lr": [1e-3, 3e-3], "seed": [1, 2]})
+    )
+    assert [r.name for r in runs] == [r.name for r in again]
+    assert runs[0].name.startswith("ar-attention-d16-l2-lr0.001-s1-")
+
+
+def test_bad_sweep_files_are_refused():
+    with pytest.raises(ConfigError, match="grid.arch"):
+        expand_sweep(_spec({"arch": "attention"}))
+    with pytest.raises(ConfigError, match="unknown sweep file key"):
+        expand_sweep({"base": BASE, "grids": {}})
+    with pytest.raises(ConfigError, match="optim.lrr"):
+        expand_sweep(_spec({"optim.lrr": [1]}))
+
+
+def test_failed_run_is_recorded_and_the_sweep_goes_on(tmp_path):
+    base = {**BASE, "model": {"arch": "mamba", "d_model": 16}}
+    runs = expand_sweep({"base": base, "grid": {"model.options": [{}, {"d_conv": 99}]}})
+    table = run_sweep(runs, tmp_path, progress=False)
+    assert sorted(table["status"]) == ["failed", "finished"]
+    failed = table[table["status"] == "failed"].iloc[0]
+    assert "d_conv" in failed["error"]
+    # --retries reruns only the failed one (it fails again: a config error is deterministic)
+    table = run_sweep(runs, tmp_path, retries=1, progress=False)
+    assert sorted(table["status"]) == ["failed", "finished"]
+
+
+def test_killed_sweep_resumes_without_losing_or_duplicating_rows(tmp_path):
+    spec = _spec({"arch": ["attention", "mamba", "deltanet", "based"]})
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mecheval.cli", "sweep", str(path), "--out", str(out)], env=env
+    )
+    deadline = time.time() + 240
+    while time.time() < deadline:  # kill it once some but not all runs are finished
+        if (out / RESULTS).exists():
+            done = (pd.read_parquet(out / RESULTS)["status"] == "finished").sum()
+            if 1 <= done < 4:
+                break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = pd.read_parquet(out / RESULTS)
+    finished_before = set(before.loc[before["status"] == "finished", "run"])
+    assert 1 <= len(finished_before) < 4
+    stamps = {run: (out / run / "result.json").stat().st_mtime_ns for run in finished_before}
+
+    done = subprocess.run(
+        [sys.executable, "-m", "mecheval.cli", "sweep", str(path), "--out", str(out)],
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0
+    after = pd.read_parquet(out / RESULTS)
+    assert len(after) == 4 and after["run"].is_unique
+    assert (after["status"] == "finished").all()
+    for run, stamp in stamps.items():  # finished runs were skipped, not retrained
+        assert (out / run / "result.json").stat().st_mtime_ns == stamp
+
+
+def test_workers_and_ray_give_the_same_table_as_local(tmp_path):
+    pytest.importorskip("ray")
+    runs = expand_sweep(_spec({"arch": ["attention", "mamba"], "seed": [1, 2]}))
+    local = run_sweep(runs, tmp_path / "local", progress=False)
+    pooled = run_sweep(runs, tmp_path / "pooled", workers=2, progress=False)
+    remote = run_sweep(runs, tmp_path / "ray", backend="ray", workers=2, progress=False)
+    assert (local["status"] == "finished").all()
+    for other in (pooled, remote):
+        pd.testing.assert_frame_equal(local.drop(columns=VOLATILE), other.drop(columns=VOLATILE))
+
+
+def test_dry_run_prints_grid_size_and_estimate(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(_spec({"arch": ["attention", "mamba"]})))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    cmd = [sys.executable, "-m", "mecheval.cli", "sweep", str(path), "--dry-run", "--workers", "2"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "2 runs; estimated wall time" in done.stdout and "2 worker(s)" in done.stdout
+    assert not (tmp_path / "runs").exists()

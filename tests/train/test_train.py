@@ -1,0 +1,134 @@
+"""Training runs: loss masking, resume after SIGKILL bitwise-exact, finished runs are no-ops."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from mecheval.config import ConfigError
+from mecheval.models import build_model
+from mecheval.train import load_train_config, train
+from mecheval.train.loop import answer_logits
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = [
+    "task.options.num_pairs=4",
+    "task.options.num_keys=16",
+    "task.train_size=640",
+    "task.eval_size=32",
+    "d_model=16",
+    "arch=mamba",
+    "progress=false",
+]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MECHEVAL_CACHE", str(tmp_path / "cache"))
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    return load_file(run_dir / "checkpoints" / latest / "model.safetensors")
+
+
+def test_loss_looks_only_at_the_answer_position():
+    """The training loss equals a full-sequence cross-entropy whose labels are ignored
+    everywhere but the query position (the study's masking)."""
+    torch.manual_seed(0)
+    model = build_model("attention", vocab_size=30, d_model=16, max_len=10)
+    tokens = torch.randint(3, 30, (4, 10))
+    query = torch.tensor([7, 7, 3, 9])
+    answers = torch.randint(3, 30, (4,))
+    ours = F.cross_entropy(answer_logits(model, tokens, query), answers)
+    labels = torch.full((4, 10), -100)
+    labels[torch.arange(4), query] = answers
+    masked = F.cross_entropy(model(tokens).flatten(0, 1), labels.flatten(), ignore_index=-100)
+    torch.testing.assert_close(ours, masked)
+
+
+def test_resume_after_sigkill_is_bitwise_identical(tmp_path):
+    overrides = [*TINY, "steps=60", "checkpoint_every=10", "eval_every=20", "log_every=5"]
+    config = load_train_config(None, overrides)
+    whole = tmp_path / "whole"
+    train(config, whole)
+
+    killed = tmp_path / "killed"
+    script = (
+        "import sys; from mecheval.train import load_train_config, train; "
+        f"train(load_train_config(None, {overrides!r}), {str(killed)!r})"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env)
+    deadline = time.time() + 120
+    # Kill it once it has written a checkpoint past the first, mid-run.
+    while time.time() < deadline:
+        latest = killed / "checkpoints" / "latest"
+        if latest.exists() and latest.read_text().strip() >= "step_000000030":
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "result.json").exists(), "the run finished before it was killed"
+
+    result = train(config, killed)  # the same call resumes
+    assert result["steps"] == 60
+    a, b = _weights(whole), _weights(killed)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    steps = [
+        json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert steps == sorted(set(steps)) == list(range(5, 61, 5))  # none lost, none duplicated
+
+
+def test_finished_run_is_a_no_op(tmp_path):
+    config = load_train_config(None, [*TINY, "steps=10", "eval_every=0", "checkpoint_every=0"])
+    first = train(config, tmp_path)
+    stamp = (tmp_path / "result.json").stat().st_mtime_ns
+    assert train(config, tmp_path) == first
+    assert (tmp_path / "result.json").stat().st_mtime_ns == stamp
+
+
+def test_a_folder_holding_another_config_is_refused(tmp_path):
+    train(load_train_config(None, [*TINY, "steps=4"]), tmp_path / "run")
+    (tmp_path / "run" / "result.json").unlink()
+    with pytest.raises(ConfigError, match="different config"):
+        train(load_train_config(None, [*TINY, "steps=5"]), tmp_path / "run")
+
+
+def test_cli_train_writes_the_run_folder(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = tmp_path / "cli"
+    cmd = [
+        sys.executable,
+        "-m",
+        "mecheval.cli",
+        "train",
+        "--out",
+        str(out),
+        *TINY,
+        "steps=6",
+        "lr=3e-3",
+    ]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "dev accuracy" in done.stdout
+    saved = (out / "config.yaml").read_text()
+    assert "lr: 0.003" in saved and "arch: mamba" in saved
+    assert (out / "metrics.parquet").exists() and (out / "result.json").exists()
+    bad = subprocess.run(
+        [*cmd[:-1], "optim.lrr=3"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert bad.returncode == 2 and "optim.lrr" in bad.stderr
