@@ -26,7 +26,7 @@ setup(
     extras_require={
         # CUDA peers, compared against in benchmarks; they need a CUDA toolchain to build.
         "gpu": ["causal-conv1d>=1.4", "mamba-ssm>=2.2", "flash-attn>=2.5"],
-        "test": ["pytest>=7", "pytest-benchmark>=4", "hypothesis>=6"],
+        "test": ["pytest>=7", "pytest-xdist>=3", "pytest-benchmark>=4", "hypothesis>=6"],
         "dist": ["ray>=2.9"],
         "dev": ["ruff>=0.5"],
     },

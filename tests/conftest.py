@@ -21,6 +21,10 @@ import kernels  # noqa: E402
 if not HAS_CUDA:
     kernels.set_backend("torch")
 
+# Test tensors are small: one thread per process is faster than two contending threads, and
+# pytest-xdist (`-n auto`) spreads the tests over the cores instead.
+torch.set_num_threads(1)
+
 
 @pytest.fixture
 def device() -> torch.device:
