@@ -296,6 +296,24 @@ def test_splitting_the_sequence_and_carrying_the_state_equals_one_call(
     assert_close(state, final_whole, torch.float32, "final_state")
 
 
+@pytest.mark.parametrize("backend,kernel", IMPLEMENTATIONS, ids=IMPL_IDS)
+def test_gradients_through_the_final_state_alone(monkeypatch, device, backend, kernel):
+    """A loss on the final state only (o unused): the state's gradient flows back alone."""
+    device = _implementation(monkeypatch, device, backend, kernel)
+    q, k, v, beta, s = _inputs(1, 20, 2, 16, 20, torch.float32, device, True, seed=13)
+    dfinal = torch.randn(1, 2, 16, 20).to(device)
+    grads = []
+    for fn, kw in ((chunk_delta_rule, dict(backend=backend)), (delta_rule_ref, {})):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, beta, s)]
+        _, final = fn(*leaves[:4], initial_state=leaves[4], output_final_state=True, **kw)
+        torch.autograd.backward(final, dfinal)
+        grads.append([t.grad for t in leaves])
+    ours, ref = grads
+    assert ref[0] is None and torch.equal(ours[0], torch.zeros_like(q))  # the state ignores q
+    for name, grad, grad_ref in zip(GRAD_NAMES[1:], ours[1:], ref[1:], strict=True):
+        assert_close(grad, grad_ref, torch.float32, name)
+
+
 @pytest.mark.parametrize("kernel", ["chunked", "recurrent"])
 def test_triton_backward_is_deterministic(monkeypatch, device, kernel):
     _force_kernel(monkeypatch, kernel)
@@ -441,8 +459,11 @@ def test_unknown_backend_is_refused():
         chunk_delta_rule(**_valid_args(), backend="cuda")
 
 
-def test_triton_refuses_float64_by_name():
-    args = {n: t.double() if isinstance(t, torch.Tensor) else t for n, t in _valid_args().items()}
+def test_triton_refuses_float64_by_name(device):
+    args = {
+        n: t.to(device, torch.float64) if isinstance(t, torch.Tensor) else t
+        for n, t in _valid_args().items()
+    }
     with pytest.raises(TypeError, match="q has dtype float64"):
         chunk_delta_rule(**args, backend="triton")
 
