@@ -34,10 +34,11 @@ def build_model(
 ) -> LanguageModel:
     """`build_model_from_config(ModelConfig(arch, vocab_size, d_model, n_layers, max_len=...,
     **options))`; an unknown option raises ValueError naming it (options: see ModelConfig)."""
-    unknown = sorted(set(options) - set(OPTIONS))
+    valid = (*OPTIONS, "init")
+    unknown = sorted(set(options) - set(valid))
     if unknown:
         raise ValueError(
-            f"unknown model option(s) {', '.join(unknown)}; options are {', '.join(OPTIONS)}"
+            f"unknown model option(s) {', '.join(unknown)}; options are {', '.join(valid)}"
         )
     config = ModelConfig(arch, vocab_size, d_model, n_layers, max_len=max_len, **options)
     return build_model_from_config(config)

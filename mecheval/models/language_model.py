@@ -63,7 +63,8 @@ class LanguageModel(nn.Module):
             self.position_embedding = None
         self.layers = nn.ModuleList(build_block(config, i) for i in range(config.n_layers))
         self.norm_f = nn.LayerNorm(d, bias=False)
-        self._init_weights()
+        if config.init == "study":
+            self._init_weights()
         self._sites = self._collect_sites()
         self._intervening = False
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from mecheval.layers import H3, BaseConv, BasedLinearAttention, Mamba
 from mecheval.models import ARCHITECTURES, ModelConfig, build_model, build_model_from_config
@@ -143,3 +144,14 @@ def test_model_refuses_bad_inputs():
         model.forward_from(3, torch.zeros(1, 4, 16))
     with pytest.raises(ValueError, match="residual"):
         model.forward_from(0, torch.zeros(1, 4, 15))
+
+
+def test_init_scheme_option():
+    study = build_model("attention", 40, 16, max_len=8)
+    torch.manual_seed(0)
+    default = build_model("attention", 40, 16, max_len=8, init="pytorch")
+    assert study.config.init == "study" and default.config.init == "pytorch"
+    # The study's scheme draws embeddings ~ N(0, 0.02); PyTorch's default is N(0, 1).
+    assert study.embedding.weight.std() < 0.05 < 0.5 < default.embedding.weight.std()
+    with pytest.raises(ValueError, match="unknown init 'xavier'"):
+        build_model("attention", 40, 16, max_len=8, init="xavier")
