@@ -65,15 +65,30 @@ def environment() -> dict:
     return info
 
 
+LOG: Path | None = None  # every pytest stage's output is appended here (set in main)
+
+
 def _pytest(args: list[str], timeout_s: float) -> tuple[int, float]:
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
+    if _has("pytest_timeout"):
+        args = [*args, "--timeout=240"]  # one hung test must not eat the lease
     start = time.time()
-    try:
-        rc = subprocess.run(
-            [sys.executable, "-m", "pytest", *args], cwd=REPO, env=env, timeout=timeout_s
-        ).returncode
-    except subprocess.TimeoutExpired:
-        rc = -9
+    with open(LOG, "a") as log:
+        log.write(f"\n===== pytest {' '.join(args)}\n")
+        log.flush()
+        try:
+            rc = subprocess.run(
+                [sys.executable, "-m", "pytest", *args],
+                cwd=REPO,
+                env=env,
+                timeout=timeout_s,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            ).returncode
+        except subprocess.TimeoutExpired:
+            rc = -9
+            log.write(f"\n===== stage timed out after {timeout_s:.0f} s\n")
     return rc, round(time.time() - start, 1)
 
 
@@ -117,10 +132,11 @@ def run_tests(paths: list[str], out: Path, timeout_s: float) -> dict:
     return result
 
 
-def run_benchmarks(out: Path, timeout_s: float) -> dict:
-    raw = out / "benchmarks_raw.json"
+def run_benchmarks(name: str, selection: list[str], out: Path, timeout_s: float) -> dict:
+    """One benchmark stage: pytest-benchmark over `selection`, its figures flattened."""
+    raw = out / f"bench_{name}.json"
     args = [
-        "benchmarks",
+        *selection,
         "--benchmark-only",
         "-q",
         "-p",
@@ -130,7 +146,7 @@ def run_benchmarks(out: Path, timeout_s: float) -> dict:
         "--benchmark-min-rounds=5",
     ]
     rc, seconds = _pytest(args, timeout_s)
-    result: dict = {"returncode": rc, "seconds": seconds, "figures": []}
+    result: dict = {"selection": selection, "returncode": rc, "seconds": seconds, "figures": []}
     if not raw.exists():
         result["error"] = "no benchmark report (timed out or crashed)"
         return result
@@ -147,6 +163,30 @@ def run_benchmarks(out: Path, timeout_s: float) -> dict:
             }
         )
     return result
+
+
+# (stage name, pytest selection, share of the time left when the stage starts)
+BENCHMARK_STAGES = [
+    (
+        "kernels",
+        [
+            "benchmarks/bench_short_conv.py",
+            "benchmarks/bench_selective_scan.py",
+            "benchmarks/bench_delta_rule.py",
+        ],
+        0.45,
+    ),
+    ("models", ["benchmarks/bench_models.py", "-k", "not compiled"], 0.5),
+    (
+        "compiled",
+        [
+            "benchmarks/bench_models.py",
+            "-k",
+            "compiled and (attention or mamba or deltanet) and not noconv",
+        ],
+        0.95,
+    ),
+]
 
 
 def ratios(figures: list[dict]) -> list[dict]:
@@ -177,9 +217,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--budget-s", type=float, default=450, help="whole-run time limit")
     parser.add_argument("--tests", nargs="*", default=DEFAULT_TESTS)
-    parser.add_argument("--skip-benchmarks", action="store_true")
+    parser.add_argument(
+        "--test-share", type=float, default=0.4, help="share of the budget for tests"
+    )
+    parser.add_argument("--skip", nargs="*", default=[], help="benchmark stages to skip")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    global LOG
+    LOG = args.out / "run.log"
     sys.path.insert(0, str(REPO))
     start = time.time()
     results: dict = {"environment": environment()}
@@ -192,11 +237,15 @@ def main() -> int:
 
     save()
     left = lambda: args.budget_s - (time.time() - start)  # noqa: E731
-    results["tests"] = run_tests(args.tests, args.out, timeout_s=0.5 * left())
+    results["tests"] = run_tests(args.tests, args.out, timeout_s=args.test_share * left())
     save()
-    if not args.skip_benchmarks:
-        results["benchmarks"] = run_benchmarks(args.out, timeout_s=left() - 10)
-        results["ratios"] = ratios(results["benchmarks"]["figures"])
+    results["benchmarks"] = {}
+    for name, selection, share in BENCHMARK_STAGES:
+        if name in args.skip or left() < 20:
+            continue
+        results["benchmarks"][name] = run_benchmarks(name, selection, args.out, share * left())
+        figures = [f for stage in results["benchmarks"].values() for f in stage["figures"]]
+        results["ratios"] = ratios(figures)
         save()
     results["seconds"] = round(time.time() - start, 1)
     save()
@@ -209,10 +258,11 @@ def main() -> int:
     print(f"tests: {counts} in {t['seconds']} s")
     for f in t.get("failures", [])[:15]:
         print(f"  FAIL {f['test']}: {f['message'][:160]}")
-    for f in results.get("benchmarks", {}).get("figures", []):
-        impl = str(f.get("impl"))[:18]
+    for f in [f for stage in results["benchmarks"].values() for f in stage["figures"]]:
+        impl = f"{f.get('arch', '')} {f.get('impl')}".strip()[:30]
         ms = f["median_s"] * 1e3
-        print(f"  {f['group'][:60]:60s} {impl:18s} {ms:10.3f} ms {f.get('GB/s', '')} GB/s")
+        rate = f"{f['GB/s']} GB/s" if "GB/s" in f else f"{f.get('steps/s', '')} steps/s"
+        print(f"  {f['group'][:56]:56s} {impl:30s} {ms:10.3f} ms {rate}")
     return 0
 
 
