@@ -164,13 +164,15 @@ def test_gradcheck_float64_torch_path(width):
     assert torch.autograd.gradcheck(fn, args)
 
 
-def test_final_states_shorter_than_window_reach_into_initial_states():
-    x = torch.arange(2.0).reshape(1, 1, 2)  # L = 2 < W - 1 = 4
-    init = torch.tensor([[[10.0, 11.0, 12.0, 13.0]]])
-    weight = torch.zeros(1, 5)
-    for backend in ("torch", "triton"):
-        _, final = causal_conv1d_fn(x, weight, None, None, init, True, backend=backend)
-        assert torch.equal(final, torch.tensor([[[12.0, 13.0, 0.0, 1.0]]]))
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_final_states_shorter_than_window_reach_into_initial_states(device, backend):
+    if backend == "torch":
+        device = torch.device("cpu")
+    x = torch.arange(2.0, device=device).reshape(1, 1, 2)  # L = 2 < W - 1 = 4
+    init = torch.tensor([[[10.0, 11.0, 12.0, 13.0]]], device=device)
+    weight = torch.zeros(1, 5, device=device)
+    _, final = causal_conv1d_fn(x, weight, None, None, init, True, backend=backend)
+    assert torch.equal(final.cpu(), torch.tensor([[[12.0, 13.0, 0.0, 1.0]]]))
 
 
 def test_compiles_fullgraph_with_backward():
@@ -232,11 +234,10 @@ def test_bad_input_is_refused_by_name(overrides, error, words):
         assert word in str(info.value), (word, str(info.value))
 
 
-def test_triton_refuses_float64_by_name():
+def test_triton_refuses_float64_by_name(device):
+    x = torch.randn(1, 2, 3, dtype=torch.float64, device=device)
     with pytest.raises(TypeError, match="x has dtype float64"):
-        causal_conv1d_fn(
-            torch.randn(1, 2, 3, dtype=torch.float64), torch.randn(2, 2), backend="triton"
-        )
+        causal_conv1d_fn(x, torch.randn(2, 2, device=device), backend="triton")
 
 
 def test_unknown_backend_is_refused():
