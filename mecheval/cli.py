@@ -5,6 +5,9 @@ everything here can be done from Python too.
     mecheval sweep FILE [--out DIR] [--backend local|ray] [--workers N] [--retries N]
                         [--address ADDR] [--dry-run] [key=value ...]
     mecheval data stats [--task ar|atr] [--n N] [key=value ...]
+    mecheval evaluate RUN_DIR|SWEEP_DIR [--device cpu] [--split dev]
+    mecheval report DIR [--out DIR]
+    mecheval run [CONFIG] [--out DIR] [key=value ...]
 """
 
 from __future__ import annotations
@@ -65,6 +68,37 @@ def _cmd_data_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from mecheval.evaluate import evaluate_all
+
+    table = evaluate_all(args.path, split=args.split, device=args.device, force=args.force)
+    print(f"evaluated {table['run'].nunique()} run(s): {len(table)} cells x examples")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from mecheval.report import build_report
+
+    out = build_report(args.path, args.out)
+    print(f"{out / 'report.md'}\n{out / 'report.html'}")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import time
+
+    from mecheval.pipeline import load_run_config, run_pipeline, summary
+
+    start = time.time()
+    if args.config and "=" in args.config:  # `mecheval run workers=4`: an override, no file
+        args.overrides, args.config = [args.config, *args.overrides], None
+    config = load_run_config(args.config, args.overrides)
+    done = run_pipeline(config, args.out)
+    print(summary(done["mechanisms"]))
+    print(f"report: {done['report'] / 'report.md'} ({time.time() - start:.0f} s)")
+    return 0 if (done["results"]["status"] == "finished").all() else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mecheval", description="Mechanistic evaluation of sequence models."
@@ -97,6 +131,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("overrides", nargs="*", help="task options as key=value")
     p.set_defaults(func=_cmd_data_stats)
+
+    p = sub.add_parser("evaluate", help="run the intervention grids of trained runs")
+    p.add_argument("path", help="a run folder or a sweep folder")
+    p.add_argument("--split", default="dev")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--force", action="store_true", help="re-evaluate runs already evaluated")
+    p.set_defaults(func=_cmd_evaluate)
+
+    p = sub.add_parser("report", help="write the Markdown/HTML report of evaluated runs")
+    p.add_argument("path", help="a run folder or a sweep folder")
+    p.add_argument("--out", help="report folder (default: PATH/report)")
+    p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("run", help="the main job: train, evaluate, report")
+    p.add_argument("config", nargs="?", help="YAML run config (default: the CPU quickstart)")
+    p.add_argument("--out", default="runs/main", help="output folder")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. workers=4")
+    p.set_defaults(func=_cmd_run)
     return parser
 
 

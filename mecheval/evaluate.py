@@ -1,0 +1,121 @@
+"""Mechanistic evaluation of trained runs: the interchange grids of every run, stored as
+Parquet next to its checkpoint.
+
+    evaluate_run(run_dir)    one run  -> run_dir/interventions.parquet
+    evaluate_all(path)       a run folder, or a folder of runs (a sweep): every finished run
+
+For each run: its evaluation documents (the dev split, `task.eval_size` of them), corrupted at
+the key and, separately, at the value; every layer and site of the model at the named
+positions key, value, divider, query and the two after the value (value+1, the next key in
+AR, and value+2: the study's Mamba conv analysis patches those). Results are written
+atomically, and a run already evaluated with the same settings is skipped, so a killed
+evaluation resumes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from mecheval.interventions import interchange_grid
+from mecheval.io import atomic_write_json, atomic_write_parquet
+from mecheval.train.loop import RESULT, accuracy, load_trained_model
+
+INTERVENTIONS = "interventions.parquet"
+CORRUPTIONS = ("key", "value")
+POSITIONS = ("key", "value", "divider", "query", "value+1", "value+2")
+
+
+def _positions_for(batch, wanted: Sequence[str]) -> list[str]:
+    """The wanted positions that lie inside every document (value+2 can pass the end in ATR)."""
+    from mecheval.interventions import resolve_position
+
+    kept = []
+    for label in wanted:
+        try:
+            resolve_position(label, batch)
+        except ValueError:
+            continue
+        kept.append(label)
+    return kept
+
+
+def evaluate_run(
+    run_dir: str | Path,
+    corruptions: Sequence[str] = CORRUPTIONS,
+    positions: Sequence[str] = POSITIONS,
+    split: str = "dev",
+    device: str = "cpu",
+    seed: int = 0,
+    memory_budget: int = 1 << 30,
+    force: bool = False,
+) -> pd.DataFrame:
+    """The interchange grids of one finished run (see the module docstring).
+
+    Returns:
+        the grid table with identifying columns added: run, arch, d_model, n_layers, lr,
+        task, corruption, accuracy (the run's accuracy on these documents).
+    """
+    run_dir = Path(run_dir)
+    out = run_dir / INTERVENTIONS
+    settings = {
+        "corruptions": list(corruptions),
+        "positions": list(positions),
+        "split": split,
+        "seed": seed,
+    }
+    stamp = run_dir / "interventions.json"
+    if out.exists() and stamp.exists() and not force and json.loads(stamp.read_text()) == settings:
+        return pd.read_parquet(out)
+    model, task, config = load_trained_model(run_dir, device=device)
+    batch = task.dataset(split, size=config.task.eval_size).to(device)
+    acc = accuracy(model, batch, config.replace(precision="fp32"), torch.device(device))
+    labels = _positions_for(batch, positions)
+    frames = []
+    for at in corruptions:
+        corrupted = task.corrupt(batch, at=at, seed=seed)
+        grid = interchange_grid(
+            model, batch, corrupted, positions=labels, memory_budget=memory_budget
+        )
+        grid.insert(0, "corruption", at)
+        frames.append(grid)
+    table = pd.concat(frames, ignore_index=True)
+    identity = {
+        "run": run_dir.name,
+        "arch": config.model.arch,
+        "d_model": config.model.d_model,
+        "n_layers": config.model.n_layers,
+        "lr": config.optim.lr,
+        "task": task.label(),
+        "accuracy": acc,
+    }
+    for i, (name, value) in enumerate(identity.items()):
+        table.insert(i, name, value)
+    atomic_write_parquet(out, table)
+    atomic_write_json(stamp, settings)
+    return table
+
+
+def finished_runs(path: str | Path) -> list[Path]:
+    """`path` itself if it is a finished run, else its finished runs (one level down)."""
+    path = Path(path)
+    if (path / RESULT).exists():
+        return [path]
+    return sorted(p.parent for p in path.glob(f"*/{RESULT}"))
+
+
+def evaluate_all(path: str | Path, progress: bool = True, **options) -> pd.DataFrame:
+    """`evaluate_run` on every finished run under `path`; returns all grids concatenated."""
+    runs = finished_runs(path)
+    if not runs:
+        raise FileNotFoundError(f"no finished run in {path} (a run folder holds {RESULT})")
+    tables = [
+        evaluate_run(run, **options)
+        for run in tqdm(runs, desc="evaluate", unit="run", disable=not progress)
+    ]
+    return pd.concat(tables, ignore_index=True)

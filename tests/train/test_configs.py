@@ -1,0 +1,48 @@
+"""Every config file in configs/ loads, and the study's grids have the study's sizes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mecheval.pipeline import load_run_config
+from mecheval.sweep import expand_sweep, load_sweep
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+GRID_SIZES = {
+    "ar.yaml": 7 * 5 * 7,
+    "atr.yaml": 4 * 8 * 5 * 5,
+    "atr_generalisation.yaml": 5 * 5 * 5,
+    "mamba_conv_ablation.yaml": 4 * 5 * 7 + 3,
+    "based_ablation.yaml": 4 * 5 * 5,
+    "layers.yaml": 2 * 4 * 3 * 3,
+}
+RUN_CONFIGS = ("study_ar_run.yaml", "quickstart.yaml")
+
+
+def test_every_config_file_is_covered():
+    assert {p.name for p in CONFIGS.glob("*.yaml")} == set(GRID_SIZES) | set(RUN_CONFIGS)
+
+
+@pytest.mark.parametrize("name,size", sorted(GRID_SIZES.items()))
+def test_sweep_files_expand_to_the_study_grid(name, size):
+    runs = load_sweep(CONFIGS / name)
+    assert len(runs) == size
+    assert len({r.name for r in runs}) == size
+
+
+def test_study_ar_grid_is_the_study_recipe():
+    runs = load_sweep(CONFIGS / "ar.yaml")
+    assert {r.config.total_steps for r in runs} == {50_016}
+    assert {r.config.optim.lr for r in runs} == {3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2}
+
+
+@pytest.mark.parametrize("name", RUN_CONFIGS)
+def test_run_configs_load(name):
+    config = load_run_config(CONFIGS / name)
+    assert expand_sweep(config.sweep)
+
+
+def test_quickstart_file_equals_the_built_in_default():
+    assert load_run_config(CONFIGS / "quickstart.yaml") == load_run_config(None)
