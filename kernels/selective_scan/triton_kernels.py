@@ -11,10 +11,14 @@ the first position. Exponentials use exp2 with A pre-scaled by log2(e); A <= 0 n
 
 The forward writes out, the last state and the state at the start of every chunk (the
 checkpoints, float32 (K, B, D, N)). The backward walks the chunks in reverse: it recomputes the
-chunk's states from its checkpoint, then runs the adjoint recurrence
-dh_t = g_t C_t + exp(dt_{t+1} A) dh_{t+1} as a reverse associative scan, the adjoint carried in
-from the later chunk added at the chunk's last position. With P = dh_t * (h_t - b_t)
-(= dh_t a_t h_{t-1}) every gradient is a sum of products of on-chip tiles.
+states before each position, h_{t-1}, from the chunk's checkpoint (a scan over the steps one
+position earlier, started from the checkpoint), then h_t = a_t h_{t-1} + b_t, and runs the
+adjoint recurrence dh_t = g_t C_t + exp(dt_{t+1} A) dh_{t+1} as a reverse associative scan, the
+adjoint carried in from the later chunk added at the chunk's last position. With
+P = dh_t a_t h_{t-1} every gradient is a sum of products of on-chip tiles. P is formed from
+h_{t-1} itself, not as dh_t (h_t - b_t): that difference is rounding noise where a_t h_{t-1}
+is 0 or tiny (no initial state, or a decay that underflows), and on a GPU, where the compiler
+fuses it into an FMA, the noise is not even 0 where h_{t-1} is.
 
 Determinism: no atomics. Sums over positions (dA, dD, d(delta_bias), a fixed B's or C's
 gradient) are accumulated in registers by one program in a fixed order and written per
@@ -36,8 +40,10 @@ from kernels.layout import match_layout
 LOG2E = tl.constexpr(1.4426950408889634)
 # Launch configuration, chosen without a GPU to measure: to be tuned on one (they are plain
 # module constants for that). At N = 16 the tile is 16 channels x 16 states x 16 positions;
-# compiled for sm_90 (Triton 3.9) the forward then needs 168 registers at 4 warps and the
-# backward 243 at 8 warps, with no spills (at 4 warps the backward spills).
+# compiled for sm_90 (Triton 3.9, ptxas -v), every option on, the forward then needs 196
+# registers at 4 warps and the backward 234 at 8 warps (at most 254 over the combinations of
+# options), with no spills (at 4 warps the backward spills). At N = 32 a few combinations
+# spill a few bytes in the backward.
 TILE_ELEMENTS = 4096  # elements of one (BLOCK_D, N_PAD, CHUNK) register tile
 MAX_CHUNK = 16  # positions per chunk (and between checkpoints)
 FORWARD_WARPS = 4
@@ -396,23 +402,33 @@ def _scan_bwd_kernel(
         dt, pre = _load_dt(
             delta_ptr, bias, offs_d, mask_d, t, mask_t, stride_dd, stride_dl, SOFTPLUS
         )
-        # dt one position later: the decay that carries dh_{t+1} back to dh_t.
-        dt_next, _ = _load_dt(
-            delta_ptr, bias, offs_d, mask_d, t + 1, t + 1 < L, stride_dd, stride_dl, SOFTPLUS
-        )
         Bt = _load_bc(B_ptr, offs_d, mask_d, offs_n, mask_n, t, mask_t, stride_B0, stride_B1, B_VAR)
         Ct = _load_bc(C_ptr, offs_d, mask_d, offs_n, mask_n, t, mask_t, stride_C0, stride_C1, C_VAR)
 
-        # Recompute the chunk's states from its checkpoint.
-        h0 = tl.load(ckpt_rows + c * ckpt_step, mask=mask_dn, other=0.0)
-        a = tl.exp2(dt[:, None, :] * A2[:, :, None])
-        b = (dt * u)[:, None, :] * Bt
+        # The state before each position, h_{t-1}, recomputed from the chunk's checkpoint h0 by
+        # a scan over the steps one position earlier (step t - 1 at position t); at position 0
+        # the step is (1, h0), so the scan starts from h0 itself. Then a_t h_{t-1} is exactly
+        # 0 where h_{t-1} is (h_t - b_t would leave the rounding error of b_t).
         first = offs_k[None, None, :] == 0
-        _, hs = tl.associative_scan(
-            (a, b + tl.where(first, a * h0[:, :, None], 0.0)), 2, _linear_combine
+        h0 = tl.load(ckpt_rows + c * ckpt_step, mask=mask_dn, other=0.0)
+        mask_p = (offs_k > 0) & (t - 1 < L)
+        dt_p, _ = _load_dt(
+            delta_ptr, bias, offs_d, mask_d, t - 1, mask_p, stride_dd, stride_dl, SOFTPLUS
         )
+        u_p = _load_tile(u_ptr, offs_d, mask_d, t - 1, mask_p, stride_ud, stride_ul)
+        B_p = Bt
+        if B_VAR:
+            B_p = _load_bc(
+                B_ptr, offs_d, mask_d, offs_n, mask_n, t - 1, mask_p, stride_B0, stride_B1, True
+            )
+        b_p = (dt_p * u_p)[:, None, :] * B_p + tl.where(first, h0[:, :, None], 0.0)
+        _, h_prev = tl.associative_scan(
+            (tl.exp2(dt_p[:, None, :] * A2[:, :, None]), b_p), 2, _linear_combine
+        )
+        a = tl.exp2(dt[:, None, :] * A2[:, :, None])
         a_first = tl.sum(tl.where(first, a, 0.0), axis=2)
-        decayed = hs - b  # a_t * h_{t-1}
+        decayed = a * h_prev  # a_t h_{t-1}
+        hs = decayed + (dt * u)[:, None, :] * Bt  # h_t
 
         g = _load_tile(dout_ptr, offs_d, mask_d, t, mask_t, stride_gd, stride_gl)
         if HAS_Z:
@@ -430,8 +446,19 @@ def _scan_bwd_kernel(
             g = g * z * sig_z
         if HAS_D:
             dD_acc += tl.sum(g * u, axis=1)
+        # C's gradient now, so that the states need not live through the adjoint's scan.
+        mask_nt = mask_n[:, None] & mask_t[None, :]
+        dC = hs * g[:, None, :]
+        if C_VAR:
+            tl.store(dC_part_ptr + part_rows + t[None, :], tl.sum(dC, axis=0), mask=mask_nt)
+        else:
+            dC_acc += tl.sum(dC, axis=2)
 
-        # The adjoint, backwards through the chunk.
+        # The adjoint, backwards through the chunk. dt one position later: the decay that
+        # carries dh_{t+1} back to dh_t.
+        dt_next, _ = _load_dt(
+            delta_ptr, bias, offs_d, mask_d, t + 1, t + 1 < L, stride_dd, stride_dl, SOFTPLUS
+        )
         a_next = tl.exp2(dt_next[:, None, :] * A2[:, :, None])
         G = g[:, None, :] * Ct + tl.where(
             offs_k[None, None, :] == CHUNK - 1, carry[:, :, None], 0.0
@@ -461,17 +488,11 @@ def _scan_bwd_kernel(
             mask=mask,
         )
 
-        mask_nt = mask_n[:, None] & mask_t[None, :]
         dB = dh * (dt * u)[:, None, :]
         if B_VAR:
             tl.store(dB_part_ptr + part_rows + t[None, :], tl.sum(dB, axis=0), mask=mask_nt)
         else:
             dB_acc += tl.sum(dB, axis=2)
-        dC = hs * g[:, None, :]
-        if C_VAR:
-            tl.store(dC_part_ptr + part_rows + t[None, :], tl.sum(dC, axis=0), mask=mask_nt)
-        else:
-            dC_acc += tl.sum(dC, axis=2)
 
     rows_dn = (pid_b * D + offs_d[:, None]) * N + offs_n[None, :]
     if HAS_INIT:
