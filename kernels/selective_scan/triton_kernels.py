@@ -581,9 +581,10 @@ def forward(
     batch, channels, length = u.shape
     N = A.shape[1]
     plan = _Plan(u, A, B, C)
+    f32 = dict(dtype=torch.float32, device=u.device)
     out = torch.empty_like(u)
-    last = u.new_empty(batch, channels, N, dtype=torch.float32)
-    ckpt = u.new_empty(plan.num_chunks, batch, channels, N, dtype=torch.float32)
+    last = torch.empty(batch, channels, N, **f32)
+    ckpt = torch.empty(plan.num_chunks, batch, channels, N, **f32)
     gb_per, *b_strides = plan.b_args
     gc_per, *c_strides = plan.c_args
     _scan_fwd_kernel[plan.grid](

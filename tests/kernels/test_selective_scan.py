@@ -342,6 +342,70 @@ def check_split_equals_one_scan(backend: str, device, case: Case, splits: list[i
         assert_close(leaves[name].grad, grads[name], torch.float32, f"d{name}")
 
 
+class _NaNBuffers:
+    """Stands in for `torch` in the Triton kernels' module: every float buffer it allocates
+    starts as NaN, so a kernel that reads memory nothing wrote (garbage on a GPU, often zeros
+    under the interpreter) gives NaN. Counts the buffers it poisoned."""
+
+    def __init__(self):
+        self.poisoned = 0
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    def _nan(self, t: torch.Tensor) -> torch.Tensor:
+        if t.is_floating_point():
+            self.poisoned += 1
+            t.fill_(float("nan"))
+        return t
+
+    def empty(self, *args, **kwargs):
+        return self._nan(torch.empty(*args, **kwargs))
+
+    def empty_like(self, *args, **kwargs):
+        return self._nan(torch.empty_like(*args, **kwargs))
+
+
+@pytest.fixture
+def nan_buffers(monkeypatch) -> _NaNBuffers:
+    """The Triton op's freshly allocated buffers (outputs, checkpoints, partial sums) start
+    as NaN for the duration of the test."""
+    from kernels.selective_scan import triton_kernels
+
+    poison = _NaNBuffers()
+    monkeypatch.setattr(triton_kernels, "torch", poison)
+    return poison
+
+
+# One position; lengths that end inside a chunk; fixed, variable and grouped B and C; with and
+# without an initial state; and (TILE_ELEMENTS = 64) several chunks and several channel
+# blocks per program's segment, the last block and chunk partly past the end.
+NAN_BUFFER_CASES = [
+    (TRITON_CASES[0], None),
+    (TRITON_CASES[1], None),
+    (TRITON_CASES[2], None),
+    (TRITON_CASES[8], None),
+    (Case(batch=2, channels=7, state=3, length=21, b_layout="fixed", initial_state=True), 64),
+    (Case(batch=1, channels=6, state=3, length=13, c_layout="group", groups=2), 64),
+]
+
+
+@pytest.mark.parametrize(
+    "case,tile",
+    NAN_BUFFER_CASES,
+    ids=[c.id() + (f"-tile{t}" if t else "") for c, t in NAN_BUFFER_CASES],
+)
+def test_triton_reads_only_what_was_written(monkeypatch, nan_buffers, device, case, tile):
+    """Parity with fresh buffers filled with NaN: no read of memory that nothing wrote."""
+    if tile is not None:
+        from kernels.selective_scan import triton_kernels
+
+        monkeypatch.setattr(triton_kernels, "TILE_ELEMENTS", tile)
+    check_against_reference(case, torch.float32, device, "triton")
+    # out, last state, checkpoints; du, ddelta, dA, dB and dC partials at least.
+    assert nan_buffers.poisoned >= 8
+
+
 # Compiles both kernels for Hopper (sm_90) down to a cubin, in a process without the interpreter:
 # the interpreter accepts code that the GPU compiler rejects. No GPU is needed for this.
 COMPILE_FOR_HOPPER = """
