@@ -750,3 +750,53 @@ def backward(
         reduced(dbias_part, delta_bias),
         None if dinit is None else match_layout(dinit.to(initial_state.dtype), initial_state),
     ]
+
+
+# Pointer arguments that are float32 whatever the input dtype (A, D and delta_bias as Mamba
+# keeps them, states, checkpoints, partial sums).
+FLOAT32_POINTERS = frozenset(
+    {
+        "A_ptr",
+        "Dv_ptr",
+        "bias_ptr",
+        "init_ptr",
+        "last_ptr",
+        "ckpt_ptr",
+        "dlast_ptr",
+        "dinit_ptr",
+        "dA_part_ptr",
+        "dD_part_ptr",
+        "dbias_part_ptr",
+        "dB_part_ptr",
+        "dC_part_ptr",
+    }
+)
+
+
+def hopper_specialisations() -> list:
+    """The launch configurations to compile-check for sm_90 (see kernels.compile_check): both
+    kernels at the tiles of N = 16, 64 and 256 and the smallest one, every option on, off and
+    mixed, all three dtypes."""
+    from kernels.compile_check import Specialisation
+
+    options = ("B_VAR", "C_VAR", "HAS_D", "HAS_Z", "HAS_BIAS", "HAS_INIT", "HAS_DLAST", "SOFTPLUS")
+    specs = []
+    for dtype, (block_d, n_pad, chunk), on in (
+        (torch.bfloat16, (16, 16, 16), options),
+        (torch.float32, (16, 16, 16), ("HAS_D", "HAS_BIAS", "SOFTPLUS")),
+        (torch.float16, (4, 64, 16), ("B_VAR", "HAS_Z", "HAS_INIT", "HAS_DLAST")),
+        (torch.float32, (2, 256, 8), options),
+        (torch.bfloat16, (2, 2, 2), ()),
+    ):
+        for kernel, warps in (
+            (_scan_fwd_kernel, FORWARD_WARPS),
+            (_scan_bwd_kernel, BACKWARD_WARPS),
+        ):
+            constants = dict(BLOCK_D=block_d, N_PAD=n_pad, CHUNK=chunk)
+            constants.update({o: o in on for o in options if o in kernel.arg_names})
+            specs.append(
+                Specialisation(
+                    kernel, constants, dtype, warps=warps, float32_pointers=FLOAT32_POINTERS
+                )
+            )
+    return specs
