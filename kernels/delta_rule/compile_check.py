@@ -5,7 +5,9 @@ registers or shared memory. This compiles every kernel specialisation that the h
 launches for a given head size and dtype (the same launch configurations) down to a cubin
 with the ptxas that ships with Triton, and reports registers, spilled bytes and shared
 memory. A kernel whose shared memory exceeds what one Hopper block may use would fail to
-launch on the GPU.
+launch on the GPU. It also counts the wgmma instructions in each kernel and fails if there are
+any: with Triton 3.6 on an H200 these kernels' wgmma lowerings read shared memory out of bounds
+(see `triton_kernels.chunk_size`), so every product must stay on mma.sync (at most 32 rows).
 
     python -m kernels.delta_rule.compile_check [--heads 64x64 128x128 ...] [--dtypes ...]
 
@@ -57,6 +59,7 @@ class Compiled:
     registers: int | None
     spilled_bytes: int | None
     shared_bytes: int
+    wgmma: int  # wgmma instructions in the PTX (must be 0, see the module docstring)
 
 
 def specialisations(K: int, V: int, dtype: torch.dtype, programs: int = 64) -> list[tuple]:
@@ -155,7 +158,10 @@ def compile_sm90(fn, constants: dict, dtype: torch.dtype, warps: int, stages=Non
         registers = int(found.group(1))
     if found := re.search(r"(\d+) bytes spill stores", report):
         spilled = int(found.group(1))
-    return Compiled(fn.__name__, constants, warps, registers, spilled, compiled.metadata.shared)
+    wgmma = compiled.asm["ptx"].count("wgmma.mma_async")
+    return Compiled(
+        fn.__name__, constants, warps, registers, spilled, compiled.metadata.shared, wgmma
+    )
 
 
 def main() -> int:
@@ -166,7 +172,7 @@ def main() -> int:
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         parser.error("unset TRITON_INTERPRET: the interpreter builds no compilable kernels")
     by_name = {v: k for k, v in TRITON_DTYPE.items()}
-    too_big = 0
+    bad = 0
     for head in args.heads:
         K, V = (int(x) for x in head.split("x"))
         for name in args.dtypes:
@@ -174,14 +180,16 @@ def main() -> int:
             for fn, constants, warps, stages in specialisations(K, V, dtype):
                 c = compile_sm90(fn, constants, dtype, warps, stages)
                 over = c.shared_bytes > SM90_MAX_SHARED
-                too_big += over
+                bad += over or c.wgmma > 0
                 print(
                     f"K={K:3d} V={V:3d} {name} {c.kernel:26s} warps={warps} "
-                    f"regs={c.registers} spilled={c.spilled_bytes}B shared={c.shared_bytes}B"
-                    + ("  OVER THE SM_90 LIMIT" if over else ""),
+                    f"regs={c.registers} spilled={c.spilled_bytes}B shared={c.shared_bytes}B "
+                    f"wgmma={c.wgmma}"
+                    + ("  OVER THE SM_90 LIMIT" if over else "")
+                    + ("  USES WGMMA" if c.wgmma else ""),
                     flush=True,
                 )
-    return 1 if too_big else 0
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -35,9 +35,22 @@ at a time with the state tile on chip; saves the u_t rows. Its backward runs a r
 state from the initial state and the saved u rows (dq, the rest of dk, dbeta); gradients that
 sum over V are written per V block and summed on the host in a fixed order.
 
+Chunks are C = 32 steps for every dtype (see `chunk_size`: on sm_90, 64-row products lowered to
+wgmma, which mis-compiled here), and every product keeps at most 32 rows (`_dot_t`).
+
 Precision: states and accumulators in float32; with float32 inputs every tl.dot runs in IEEE
 float32, with float16/bfloat16 inputs tl.dot takes half-precision operands and accumulates in
-float32. The chunk inverse always runs in IEEE float32.
+float32. The chunk inverse's substitution runs in float32 on CUDA cores; its merge products run
+in IEEE float32 for float32 inputs and in tf32 for half-precision inputs, whose A is then stored
+in the inputs' dtype (tf32 keeps fp16's 10 mantissa bits, so the merge adds no error that the
+storage would not).
+
+Global memory read back in the launch that wrote it: only `_recurrent_bwd_kernel` does so (its
+forward pass reads the du rows and dk partials that its reverse pass stored, in other threads'
+layouts), with a tl.debug_barrier() between the passes. Every other kernel reads only what
+earlier launches wrote (on one stream, so in order), and no two programs of a launch write the
+same element. Buffers are allocated with torch.empty (`_empty`) and each is fully written
+before it is read: the tests make them start as NaN to check it.
 """
 
 from __future__ import annotations
@@ -52,10 +65,19 @@ SUB_BLOCK = 16  # diagonal blocks of the chunk inverse, inverted by substitution
 
 
 def chunk_size(K: int, dtype: torch.dtype) -> int:
-    """Steps per chunk: 64 for fp16/bf16 inputs; 32 for small heads, where the (C, C) work
-    would dominate, and for float32 inputs, whose IEEE tl.dot runs on CUDA cores with the
-    whole reduction in registers (64-row tiles spill)."""
-    return 64 if dtype != torch.float32 and K > 32 else 32
+    """Steps per chunk: 32 for every head size and dtype.
+
+    64-step chunks make the (C, .) tiles of tl.dot 64 rows tall, and Triton (3.6) then lowers the
+    half-precision products to sm_90's wgmma. On an H200 those wgmma lowerings were wrong for
+    these kernels' narrow V tiles: compute-sanitizer reported shared-memory reads out of bounds
+    at the tl.dot of `_chunk_output_kernel` and `_chunk_state_bwd_kernel`, the output was
+    garbage (relative error 1 to 4) and the K = 100 backward hit an illegal address, while the
+    same code on 32-row tiles (mma.sync) passed everywhere. With C = 32 and the K-by-V products
+    taken transposed (`_dot_t`), every product has at most 32 rows and lowers to mma.sync;
+    compile_check fails if a wgmma instruction comes back. (For float32 inputs the IEEE
+    products run on CUDA cores, whose whole reduction sits in registers: 64-row tiles spill.)
+    """
+    return 32
 
 
 def _pow2(n: int) -> int:
@@ -78,6 +100,18 @@ def _dot_f32(a, b, IEEE: tl.constexpr):
         return tl.dot(a, b, input_precision="ieee")
     else:
         return tl.dot(a, b)
+
+
+@triton.jit
+def _dot_t(a, b, IEEE: tl.constexpr, DT: tl.constexpr):
+    """a^T @ b. In half precision it is computed as (b^T a)^T: the (K, V) state updates K^T U
+    have K rows (up to 256) but only BV (<= 32) columns, and the transposed product keeps the
+    tile that tl.dot sees at BV rows, so it lowers to mma.sync rather than sm_90's wgmma (see
+    `chunk_size`). IEEE float32 products run on CUDA cores either way."""
+    if IEEE:
+        return _dot(tl.trans(a), b, IEEE, DT)
+    else:
+        return tl.trans(_dot(tl.trans(b), a, IEEE, DT))
 
 
 # ------------------------------------------------------------------------------------------
@@ -207,7 +241,7 @@ def _chunk_state_fwd_kernel(
             u,
             mask=mask_t[:, None] & mask_v[None, :],
         )
-        state += _dot(tl.trans(kc), u, IEEE, DT)
+        state += _dot_t(kc, u, IEEE, DT)
     if STORE_FINAL:
         tl.store(final_ptr + bh64 * K * V + state_offs, state, mask=mask_kv)
 
@@ -331,8 +365,8 @@ def _chunk_state_bwd_kernel(
         dr = _dot(tl.trans(a), du, IEEE, DT)
         tl.store(dr_ptr + (bh64 * T + t)[:, None] * V + offs_v[None, :], dr, mask=mask_tv)
         # Kb^T dR = K^T (diag(beta) dR): scale the narrower tile.
-        dstate += scale * _dot(tl.trans(qc), do, IEEE, DT)
-        dstate -= _dot(tl.trans(kc), beta[:, None] * dr, IEEE, DT)
+        dstate += scale * _dot_t(qc, do, IEEE, DT)
+        dstate -= _dot_t(kc, beta[:, None] * dr, IEEE, DT)
     if STORE_DINIT:
         tl.store(dinit_ptr + bh64 * K * V + state_offs, dstate, mask=mask_kv)
 
@@ -684,15 +718,19 @@ def output_launch(K: int, V: int, dtype: torch.dtype) -> Launch:
 
 
 def grad_launch(K: int, V: int, dtype: torch.dtype) -> Launch:
-    """`_chunk_grad_kernel`: two (C, C) and three (C, BK) float32 accumulators, so small V
-    tiles and single-stage loads (no spills on sm_90 at C = 64 in fp16/bf16)."""
-    C = chunk_size(K, dtype)
-    if C == 64:
-        return Launch(min(_pow2(K), 64), min(_pow2(V), 32), 8)
+    """`_chunk_grad_kernel`: two (C, C) and three (C, BK) float32 accumulators, so small tiles
+    and single-stage loads."""
     return Launch(min(_pow2(K), 32), 16, 4)
 
 
 INVERSE_WARPS = 4
+
+
+def _empty(like: torch.Tensor, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An unfilled buffer on `like`'s device (in its dtype by default). Every buffer the host
+    code allocates goes through torch.empty / torch.empty_like, so that a test can make them
+    start as NaN and catch a kernel that reads what nothing wrote."""
+    return torch.empty(shape, dtype=like.dtype if dtype is None else dtype, device=like.device)
 
 
 def empty_saved(
@@ -708,13 +746,13 @@ def empty_saved(
     B, T, H, K = q.shape
     V = v.shape[-1]
     f32 = torch.float32
-    u = q.new_empty(B, H, T, V, dtype=f32)
+    u = _empty(q, B, H, T, V, dtype=f32)
     if kernel == "recurrent":
-        return u, q.new_empty(0, dtype=f32), q.new_empty(0, dtype=f32)
+        return u, _empty(q, 0, dtype=f32), _empty(q, 0, dtype=f32)
     C = chunk_size(K, q.dtype)
     NT = triton.cdiv(T, C)
     a_dtype = f32 if q.dtype == f32 else q.dtype
-    return u, q.new_empty(B, H, NT, K, V, dtype=f32), q.new_empty(B, H, NT, C, C, dtype=a_dtype)
+    return u, _empty(q, B, H, NT, K, V, dtype=f32), _empty(q, B, H, NT, C, C, dtype=a_dtype)
 
 
 def forward(
@@ -733,8 +771,8 @@ def forward(
     init = None if initial_state is None else initial_state.contiguous()
     B, T, H, K = q.shape
     V = v.shape[-1]
-    o = q.new_empty(B, T, H, V)
-    final = q.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
+    o = _empty(q, B, T, H, V)
+    final = _empty(q, B, H, K, V, dtype=torch.float32) if output_final_state else None
     saved = empty_saved(q, v, kernel)
     if B == 0:
         return o, final, saved
@@ -792,7 +830,7 @@ def backward(
     u, h, a = saved
     f32 = torch.float32
     dv = torch.empty_like(v)
-    dinit = None if init is None else q.new_zeros(B, H, K, V, dtype=f32)
+    dinit = None if init is None else _empty(q, B, H, K, V, dtype=f32)
     if B == 0:
         return [torch.zeros_like(q), torch.zeros_like(k), dv, torch.zeros_like(beta), dinit]
     dinit_arg = dinit if dinit is not None else dv
@@ -800,10 +838,10 @@ def backward(
     if kernel == "recurrent":
         BK, BV, warps = recurrent_launch(K, V, B * H)
         NV = triton.cdiv(V, BV)
-        dq_part = q.new_empty(NV, B, T, H, K, dtype=f32)
-        dk_part = q.new_empty(NV, B, T, H, K, dtype=f32)
-        dbeta_part = q.new_empty(NV, B, T, H, dtype=f32)
-        du = q.new_empty(B, H, T, V, dtype=f32)
+        dq_part = _empty(q, NV, B, T, H, K, dtype=f32)
+        dk_part = _empty(q, NV, B, T, H, K, dtype=f32)
+        dbeta_part = _empty(q, NV, B, T, H, dtype=f32)
+        du = _empty(q, B, H, T, V, dtype=f32)
         _recurrent_bwd_kernel[(NV, B * H)](
             q, k, v, beta, init if init is not None else dv, u, do, dfinal_arg, du,
             dq_part, dk_part, dv, dbeta_part, dinit_arg, scale, B, T, H, K, V,
@@ -830,7 +868,7 @@ def backward(
     NK = triton.cdiv(K, BK)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
-    dbeta_part = q.new_empty(NK, B, T, H, dtype=f32)
+    dbeta_part = _empty(q, NK, B, T, H, dtype=f32)
     _chunk_grad_kernel[(NK, NT, B * H)](
         q, k, v, beta, h, dh, u, dr, do, dq, dk, dv, dbeta_part, scale, B, T, H, K, V, NT,
         C=C, BK=BK, BV=BV, IEEE=ieee, num_warps=warps, num_stages=1,
