@@ -12,6 +12,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -161,10 +162,157 @@ def test_triton_recurrent_matches_reference(
 
 
 def test_triton_chunked_wide_head_fp16(monkeypatch, device):
-    """K = 100 pads to 128 and splits the gradient kernel over two K blocks."""
+    """K = 100 pads to 128 in the state kernels and splits the gradient kernel over four K
+    blocks of 32 (the last one reaching past K)."""
     _force_kernel(monkeypatch, "chunked")
     q, k, v, beta, s = _inputs(1, 70, 1, 100, 36, torch.float16, device, True, seed=9)
     _check_against_reference(q, k, v, beta, s, torch.float16, "triton", True)
+
+
+class _NaNFilledEmpty:
+    """`torch` as `triton_kernels` sees it, except that torch.empty / empty_like /
+    empty_strided return floating-point tensors filled with NaN (integer ones untouched)."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def _nan(t: torch.Tensor) -> torch.Tensor:
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    def empty(self, *args, **kwargs):
+        return self._nan(torch.empty(*args, **kwargs))
+
+    def empty_like(self, *args, **kwargs):
+        return self._nan(torch.empty_like(*args, **kwargs))
+
+    def empty_strided(self, *args, **kwargs):
+        return self._nan(torch.empty_strided(*args, **kwargs))
+
+
+@pytest.fixture
+def nan_fresh_buffers(monkeypatch):
+    """Every buffer the Triton host code allocates starts as NaN: a kernel that reads memory
+    nothing wrote (an unfilled tail, a V or K block never stored) then returns NaN, which the
+    parity checks refuse. Under the interpreter torch.empty often holds zeros, which hide it."""
+    from kernels.delta_rule import triton_kernels
+
+    monkeypatch.setattr(triton_kernels, "torch", _NaNFilledEmpty())
+
+
+@pytest.fixture
+def bounds_checked_interpreter(monkeypatch):
+    """Under Triton's interpreter, every lane a kernel loads or stores (mask on) must lie inside
+    one of the tensors passed to that launch. An access past a tensor's end that only feeds
+    lanes the kernel later discards changes no result (so no parity check sees it), reads
+    whatever is there on CPU, and is an illegal address on a GPU: this makes it fail on CPU.
+    The check covers the union of the launch's tensors, not which tensor a pointer came from."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return  # compiled kernels: compute-sanitizer's job
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder, executor = interpreter.InterpreterBuilder, interpreter.GridExecutor
+    if not all(
+        hasattr(builder, n) for n in ("create_masked_load", "create_masked_store")
+    ) or not hasattr(interpreter, "_get_np_dtype"):
+        warnings.warn(
+            "this Triton's interpreter has other internals: accesses unchecked", stacklevel=2
+        )
+        return
+    extents: list[tuple[int, int]] = []
+    real_call = executor.__call__
+    real_load, real_store = builder.create_masked_load, builder.create_masked_store
+
+    def call(self, *args, **kwargs):
+        extents.clear()
+        for t in (*args, *kwargs.values()):
+            if isinstance(t, torch.Tensor) and t.numel() > 0:
+                span = 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True))
+                extents.append((t.data_ptr(), t.data_ptr() + span * t.element_size()))
+        return real_call(self, *args, **kwargs)
+
+    def check(ptrs, mask, what):
+        size = np.dtype(interpreter._get_np_dtype(ptrs.get_element_ty())).itemsize
+        addr = ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)].astype(np.uint64)
+        inside = np.zeros(addr.shape, dtype=bool)
+        for lo, hi in extents:
+            inside |= (addr >= lo) & (addr + size <= hi)
+        assert inside.all(), f"{what} outside the launch's tensors: {int((~inside).sum())} lanes"
+
+    def load(self, ptrs, mask, *args, **kwargs):
+        check(ptrs, mask, "load")
+        return real_load(self, ptrs, mask, *args, **kwargs)
+
+    def store(self, ptrs, value, mask, *args, **kwargs):
+        check(ptrs, mask, "store")
+        return real_store(self, ptrs, value, mask, *args, **kwargs)
+
+    monkeypatch.setattr(executor, "__call__", call)
+    monkeypatch.setattr(builder, "create_masked_load", load)
+    monkeypatch.setattr(builder, "create_masked_store", store)
+
+
+# (kernel, B, T, H, K, V, dtype): T not a multiple of the chunk, K and V not powers of two
+# (K = 100 pads to 128), initial state and final-state gradient everywhere.
+UNWRITTEN_CASES = [
+    ("chunked", 2, 37, 2, 20, 36, "fp32"),
+    ("chunked", 1, 70, 1, 100, 36, "fp16"),
+    ("recurrent", 1, 13, 2, 20, 36, "fp32"),
+    ("recurrent", 1, 9, 1, 100, 20, "fp16"),
+]
+
+
+@pytest.mark.parametrize(
+    "kernel,B,T,H,K,V,dtype",
+    UNWRITTEN_CASES,
+    ids=[f"{c[0]}-B{c[1]}-T{c[2]}-H{c[3]}-K{c[4]}-V{c[5]}-{c[6]}" for c in UNWRITTEN_CASES],
+)
+def test_triton_reads_only_what_it_wrote(
+    monkeypatch, device, nan_fresh_buffers, bounds_checked_interpreter, kernel, B, T, H, K, V, dtype
+):
+    _force_kernel(monkeypatch, kernel)
+    dt = DTYPES[dtype]
+    q, k, v, beta, s = _inputs(B, T, H, K, V, dt, device, True, seed=T + K + V)
+    _check_against_reference(q, k, v, beta, s, dt, "triton", True)
+
+
+def _inside_nan(t: torch.Tensor, margin: int = 4096) -> torch.Tensor:
+    """t's values as a contiguous view into the middle of a NaN-filled buffer: the op uses it
+    in place (no copy), and any read outside t's extent picks up NaN."""
+    flat = torch.full((2 * margin + t.numel(),), float("nan"), dtype=t.dtype, device=t.device)
+    flat[margin : margin + t.numel()] = t.detach().reshape(-1)
+    return flat[margin : margin + t.numel()].view(t.shape)
+
+
+def test_triton_chunked_wide_head_reads_no_neighbours(
+    monkeypatch, device, nan_fresh_buffers, bounds_checked_interpreter
+):
+    """The K = 100, V = 36 case with every input, cotangent and the initial state placed inside
+    NaN: a load past the real extent of any of them (a padded K or V column, a row past T, a K
+    block starting past K) whose value is used makes the outputs or gradients NaN, and under the
+    interpreter any access outside them fails (`bounds_checked_interpreter`)."""
+    _force_kernel(monkeypatch, "chunked")
+    B, T, H, K, V = 1, 70, 1, 100, 36
+    dt = torch.float16
+    q, k, v, beta, s = _inputs(B, T, H, K, V, dt, device, True, seed=9)
+    g = torch.Generator().manual_seed(1)
+    do = torch.randn(B, T, H, V, generator=g).to(device=device, dtype=dt)
+    dfinal = torch.randn(B, H, K, V, generator=g).to(device)
+    inputs = [_inside_nan(t).requires_grad_() for t in (q, k, v, beta, s)]
+    assert all(t.is_contiguous() and t.storage_offset() > 0 for t in inputs)
+    o, final = chunk_delta_rule(
+        *inputs[:4], initial_state=inputs[4], output_final_state=True, backend="triton"
+    )
+    grads = torch.autograd.grad([o, final], inputs, [_inside_nan(do), _inside_nan(dfinal)])
+    up = lambda t: t.float()  # noqa: E731
+    o_ref, final_ref, grads_ref = _forward_and_grads(
+        delta_rule_ref, *(up(t) for t in (q, k, v, beta, s)), up(do), dfinal
+    )
+    assert_close(o, o_ref, dt, "o")
+    assert_close(final, final_ref, dt, "final_state")
+    for name, grad, grad_ref in zip(GRAD_NAMES, grads, grads_ref, strict=True):
+        assert_close(grad, grad_ref, dt, name)
 
 
 @pytest.mark.gpu
