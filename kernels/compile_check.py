@@ -1,0 +1,151 @@
+"""Compile the Triton kernels for Hopper (sm_90) on a machine without a GPU.
+
+Triton's interpreter accepts code that a GPU compiler rejects, and says nothing about
+registers, spills or shared memory. This compiles every specialisation the host code launches
+(each op's `triton_kernels.hopper_specialisations()`) to a cubin with the ptxas that ships with
+Triton, and reports registers, spilled bytes and shared memory; a kernel over one block's
+shared-memory limit would fail to launch on the GPU.
+
+    python -m kernels.compile_check [--ops short_conv selective_scan delta_rule]
+
+Run with TRITON_INTERPRET unset (under the interpreter `triton.jit` builds no compilable
+kernel). Exits non-zero if anything fails to compile or exceeds the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+
+import torch
+
+# Largest shared memory one block may use on sm_90 (H100/H200): 227 KiB.
+SM90_MAX_SHARED = 232448
+TRITON_DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+OPS = ("short_conv", "selective_scan", "delta_rule")
+
+
+@dataclass(frozen=True)
+class Specialisation:
+    """One launch configuration of a kernel.
+
+    Attributes:
+        kernel: the `triton.jit` function.
+        constants: its constexpr arguments.
+        dtype: the dtype of the op's inputs (pointer arguments default to it).
+        warps, stages: launch options (stages None: Triton's default).
+        float32_pointers: pointer arguments that are float32 whatever the input dtype
+            (states, partial sums); other `*_ptr` arguments take `dtype`.
+        float_scalars: scalar arguments that are floats (others are int32).
+    """
+
+    kernel: object
+    constants: dict
+    dtype: torch.dtype
+    warps: int = 4
+    stages: int | None = None
+    float32_pointers: frozenset = field(default_factory=frozenset)
+    float_scalars: frozenset = field(default_factory=frozenset)
+
+    def signature(self) -> dict[str, str]:
+        elem = TRITON_DTYPE[self.dtype]
+        signature = {}
+        for name in self.kernel.arg_names:
+            if name in self.constants:
+                signature[name] = "constexpr"
+            elif name.endswith("_ptr"):
+                signature[name] = "*fp32" if name in self.float32_pointers else f"*{elem}"
+            elif name in self.float_scalars:
+                signature[name] = "fp32"
+            else:
+                signature[name] = "i32"
+        return signature
+
+
+@dataclass
+class Compiled:
+    name: str
+    spec: Specialisation
+    registers: int | None
+    spilled_bytes: int | None
+    shared_bytes: int
+
+    def line(self) -> str:
+        dtype = TRITON_DTYPE[self.spec.dtype]
+        over = "  OVER THE SM_90 SHARED-MEMORY LIMIT" if self.shared_bytes > SM90_MAX_SHARED else ""
+        return (
+            f"{self.name:28s} {dtype} warps={self.spec.warps} regs={self.registers} "
+            f"spilled={self.spilled_bytes}B shared={self.shared_bytes}B{over}"
+        )
+
+
+def _ptxas() -> str:
+    import triton
+
+    folder = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    for name in ("ptxas-blackwell", "ptxas"):  # the newest reads the PTX this Triton emits
+        path = os.path.join(folder, name)
+        if os.path.exists(path):
+            return path
+    raise FileNotFoundError("no ptxas bundled with triton")
+
+
+def compile_for_hopper(spec: Specialisation) -> Compiled:
+    """Compile one specialisation for sm_90 and read its resource use from ptxas."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    options = {"num_warps": spec.warps}
+    if spec.stages is not None:
+        options["num_stages"] = spec.stages
+    source = ASTSource(spec.kernel, signature=spec.signature(), constexprs=spec.constants)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "kernel.ptx")
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        report = subprocess.run(
+            [_ptxas(), "-v", "--gpu-name=sm_90a", ptx, "-o", os.path.join(tmp, "kernel.cubin")],
+            capture_output=True,
+            text=True,
+        ).stderr
+    registers = re.search(r"Used (\d+) registers", report)
+    spilled = re.search(r"(\d+) bytes spill stores", report)
+    return Compiled(
+        spec.kernel.__name__,
+        spec,
+        int(registers.group(1)) if registers else None,
+        int(spilled.group(1)) if spilled else None,
+        compiled.metadata.shared,
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", nargs="*", default=list(OPS), choices=OPS)
+    args = parser.parse_args()
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        parser.error("unset TRITON_INTERPRET: the interpreter builds no compilable kernels")
+    failures = 0
+    for op in args.ops:
+        module = importlib.import_module(f"kernels.{op}.triton_kernels")
+        for spec in module.hopper_specialisations():
+            try:
+                compiled = compile_for_hopper(spec)
+            except Exception as error:  # report every failure, not just the first
+                failures += 1
+                print(f"{op:15s} {spec.kernel.__name__:28s} FAILED: {error!r:.300}", flush=True)
+                continue
+            failures += compiled.shared_bytes > SM90_MAX_SHARED
+            print(f"{op:15s} {compiled.line()}", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
