@@ -74,7 +74,10 @@ def chunk_size(K: int, dtype: torch.dtype) -> int:
     garbage (relative error 1 to 4) and the K = 100 backward hit an illegal address, while the
     same code on 32-row tiles (mma.sync) passed everywhere. With C = 32 and the K-by-V products
     taken transposed (`_dot_t`), every product has at most 32 rows and lowers to mma.sync;
-    compile_check fails if a wgmma instruction comes back. (For float32 inputs the IEEE
+    compile_check fails if a wgmma instruction comes back. On the H200 this passes every
+    delta-rule test, clean under compute-sanitizer. It costs time: at B4 T2048 H16 K=V=128
+    bf16 the forward takes 0.60 ms and forward+backward 2.39 ms, against 0.45 and 1.25 ms for
+    the 64-step kernels (which were right at that shape only). (For float32 inputs the IEEE
     products run on CUDA cores, whose whole reduction sits in registers: 64-row tiles spill.)
     """
     return 32
