@@ -2,13 +2,15 @@
 `mecheval` package (tasks, models, training, interventions). CPU-only machines install
 everything but the `gpu` extra; nothing here needs a CUDA toolchain."""
 
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
 setup(
     name="mecheval",
     version="0.1.0",
     description="Fast mechanistic evaluation of Transformers and state space models",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["kernels", "kernels.*", "mecheval", "mecheval.*"]),

@@ -3,8 +3,9 @@
 Triton's interpreter accepts code that a GPU compiler rejects, and says nothing about
 registers, spills or shared memory. This compiles every specialisation the host code launches
 (each op's `triton_kernels.hopper_specialisations()`) to a cubin with the ptxas that ships with
-Triton, and reports registers, spilled bytes and shared memory; a kernel over one block's
-shared-memory limit would fail to launch on the GPU.
+Triton, and reports registers, spilled bytes, shared memory and wgmma instructions; a kernel
+over one block's shared-memory limit would fail to launch on the GPU, and a kernel that must
+not use wgmma (see Specialisation.allow_wgmma) fails the check if it does.
 
     python -m kernels.compile_check [--ops short_conv selective_scan delta_rule]
 
@@ -42,6 +43,8 @@ class Specialisation:
         float32_pointers: pointer arguments that are float32 whatever the input dtype
             (states, partial sums); other `*_ptr` arguments take `dtype`.
         float_scalars: scalar arguments that are floats (others are int32).
+        allow_wgmma: whether the kernel may use Hopper's wgmma instructions (the delta rule's
+            may not: Triton 3.6 miscompiles them there, see its `chunk_size`).
     """
 
     kernel: object
@@ -51,6 +54,7 @@ class Specialisation:
     stages: int | None = None
     float32_pointers: frozenset = field(default_factory=frozenset)
     float_scalars: frozenset = field(default_factory=frozenset)
+    allow_wgmma: bool = True
 
     def signature(self) -> dict[str, str]:
         elem = TRITON_DTYPE[self.dtype]
@@ -74,13 +78,20 @@ class Compiled:
     registers: int | None
     spilled_bytes: int | None
     shared_bytes: int
+    wgmma: int  # wgmma instructions in the PTX
+
+    @property
+    def ok(self) -> bool:
+        return self.shared_bytes <= SM90_MAX_SHARED and (self.spec.allow_wgmma or not self.wgmma)
 
     def line(self) -> str:
         dtype = TRITON_DTYPE[self.spec.dtype]
         over = "  OVER THE SM_90 SHARED-MEMORY LIMIT" if self.shared_bytes > SM90_MAX_SHARED else ""
+        if self.wgmma and not self.spec.allow_wgmma:
+            over += "  USES WGMMA"
         return (
             f"{self.name:28s} {dtype} warps={self.spec.warps} regs={self.registers} "
-            f"spilled={self.spilled_bytes}B shared={self.shared_bytes}B{over}"
+            f"spilled={self.spilled_bytes}B shared={self.shared_bytes}B wgmma={self.wgmma}{over}"
         )
 
 
@@ -123,6 +134,7 @@ def compile_for_hopper(spec: Specialisation) -> Compiled:
         int(registers.group(1)) if registers else None,
         int(spilled.group(1)) if spilled else None,
         compiled.metadata.shared,
+        compiled.asm["ptx"].count("wgmma.mma_async"),
     )
 
 
@@ -142,7 +154,7 @@ def main() -> int:
                 failures += 1
                 print(f"{op:15s} {spec.kernel.__name__:28s} FAILED: {error!r:.300}", flush=True)
                 continue
-            failures += compiled.shared_bytes > SM90_MAX_SHARED
+            failures += not compiled.ok
             print(f"{op:15s} {compiled.line()}", flush=True)
     return 1 if failures else 0
 

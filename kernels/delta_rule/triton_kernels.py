@@ -878,3 +878,99 @@ def backward(
     )  # fmt: skip
     dbeta = dbeta_part.sum(0).to(beta.dtype)  # fixed-order sum over the K blocks
     return [dq, dk, dv, dbeta, dinit]
+
+
+# Pointers to float32 buffers whatever the input dtype (states, u rows, partial sums).
+_FLOAT32_POINTERS = {
+    "init_ptr",
+    "final_ptr",
+    "h_ptr",
+    "u_ptr",
+    "dfinal_ptr",
+    "dinit_ptr",
+    "dh_ptr",
+    "dr_ptr",
+    "du_ptr",
+    "dq_part_ptr",
+    "dk_part_ptr",
+    "dbeta_part_ptr",
+}
+
+
+def _launches(K: int, V: int, dtype: torch.dtype, programs: int = 64) -> list[tuple]:
+    """(kernel, constexprs, num_warps, num_stages) for every launch of forward/backward."""
+    C = chunk_size(K, dtype)
+    ieee = dtype == torch.float32
+    rec = recurrent_launch(K, V, programs)
+    state = state_launch(K, V, dtype, programs)
+    out = output_launch(K, V, dtype)
+    grad = grad_launch(K, V, dtype)
+    both = dict(HAS_INIT=True, STORE_FINAL=True)
+    return [
+        (
+            _chunk_inverse_kernel,
+            dict(C=C, SB=SUB_BLOCK, BK=min(_pow2(K), 64), IEEE=ieee),
+            INVERSE_WARPS,
+            None,
+        ),
+        (
+            _chunk_state_fwd_kernel,
+            dict(C=C, BK=state.BK, BV=state.BV, **both, IEEE=ieee),
+            state.warps,
+            None,
+        ),
+        (
+            _chunk_output_kernel,
+            dict(C=C, BK=out.BK, BV=out.BV, IEEE=ieee),
+            out.warps,
+            None,
+        ),
+        (
+            _chunk_state_bwd_kernel,
+            dict(C=C, BK=state.BK, BV=state.BV, HAS_DFINAL=True, STORE_DINIT=True, IEEE=ieee),
+            state.warps,
+            None,
+        ),
+        (
+            _chunk_grad_kernel,
+            dict(C=C, BK=grad.BK, BV=grad.BV, IEEE=ieee),
+            grad.warps,
+            1,
+        ),
+        (_recurrent_fwd_kernel, dict(BK=rec.BK, BV=rec.BV, **both), rec.warps, None),
+        (
+            _recurrent_bwd_kernel,
+            dict(BK=rec.BK, BV=rec.BV, HAS_INIT=True, HAS_DFINAL=True, STORE_DINIT=True),
+            rec.warps,
+            None,
+        ),
+    ]
+
+
+def hopper_specialisations() -> list:
+    """The launch configurations to compile-check for sm_90 (see kernels.compile_check): every
+    kernel as the host code launches it, at the benchmark's head size in bf16, a padded head
+    (K=100, V=36) in fp16 and the largest head in fp32 (the most shared memory). None may use
+    wgmma (see `chunk_size`)."""
+    from kernels.compile_check import Specialisation
+
+    specs = []
+    for K, V, dtype in (
+        (128, 128, torch.bfloat16),
+        (100, 36, torch.float16),
+        (256, 256, torch.float32),
+    ):
+        for kernel, constants, warps, stages in _launches(K, V, dtype):
+            specs.append(
+                Specialisation(
+                    kernel,
+                    constants,
+                    dtype,
+                    warps=warps,
+                    stages=stages,
+                    float32_pointers=frozenset(_FLOAT32_POINTERS),
+                    float_scalars=frozenset({"scale"}),
+                    allow_wgmma=False,
+                )
+            )
+    return specs

@@ -9,10 +9,6 @@ already-rounded inputs.
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -404,56 +400,6 @@ def test_triton_reads_only_what_was_written(monkeypatch, nan_buffers, device, ca
     check_against_reference(case, torch.float32, device, "triton")
     # out, last state, checkpoints; du, ddelta, dA, dB and dC partials at least.
     assert nan_buffers.poisoned >= 8
-
-
-# Compiles both kernels for Hopper (sm_90) down to a cubin, in a process without the interpreter:
-# the interpreter accepts code that the GPU compiler rejects. No GPU is needed for this.
-COMPILE_FOR_HOPPER = """
-import itertools
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, compile
-from kernels.selective_scan import triton_kernels as tk
-
-FLOAT32_BUFFERS = {"A_ptr", "Dv_ptr", "bias_ptr", "init_ptr", "last_ptr", "ckpt_ptr",
-                   "dlast_ptr", "dinit_ptr"}
-# Every flag on and off, both dtypes, the default tile and the extreme ones (N = 256, N = 1).
-VARIANTS = (("bf16", 1, (16, 16, 16)), ("fp32", 0, (2, 256, 8)), ("fp16", 1, (2, 2, 2)))
-for kernel, (dtype, on, (block_d, n_pad, chunk)) in itertools.product(
-    (tk._scan_fwd_kernel, tk._scan_bwd_kernel), VARIANTS
-):
-    const = dict(BLOCK_D=block_d, N_PAD=n_pad, CHUNK=chunk)
-    flags = ("HAS_", "B_VAR", "C_VAR", "SOFTPLUS")
-    const.update({a: on for a in kernel.arg_names if a.startswith(flags)})
-    sig = {}
-    for a in kernel.arg_names:
-        if a in const:
-            sig[a] = "constexpr"
-        elif a.endswith("_ptr"):
-            sig[a] = "*fp32" if a in FLOAT32_BUFFERS or "part" in a else "*" + dtype
-        else:
-            sig[a] = "i32"
-    compiled = compile(ASTSource(kernel, sig, const), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=tk.BACKWARD_WARPS if "bwd" in kernel.__name__
-                                    else tk.FORWARD_WARPS))
-    assert compiled.asm["cubin"], kernel.__name__
-print("compiled")
-"""
-
-
-def test_triton_kernels_compile_for_hopper():
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [sys.executable, "-c", COMPILE_FOR_HOPPER],
-        env=env,
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-3000:]
 
 
 def test_splitting_the_scan_and_carrying_the_state_equals_one_scan_torch_path():
