@@ -1,6 +1,7 @@
 """Causal interventions: batched interchange grids, the study's Attrib scores and read-outs,
 and attribution patching for screening large grids."""
 
+from mecheval.interventions.attribution import attribution_patching, screening_correlation
 from mecheval.interventions.grid import COLUMNS, interchange_grid, select_sites
 from mecheval.interventions.per_cell import per_cell_loop
 from mecheval.interventions.positions import NAMED, expand_positions, resolve_position
@@ -10,10 +11,12 @@ __all__ = [
     "COLUMNS",
     "NAMED",
     "attrib",
+    "attribution_patching",
     "expand_positions",
     "interchange_grid",
     "per_cell_loop",
     "readout",
     "resolve_position",
+    "screening_correlation",
     "select_sites",
 ]
