@@ -1,0 +1,58 @@
+"""The interchange grid of a 2-layer model on 320 AR documents (the study's evaluation set):
+the batched engine vs the plain per-cell hook loop (one full forward per cell, as pyvene and
+the study run it), same model, same run; and attribution patching (one backward) vs exact.
+
+Grids: every site of the model x the four named positions, and every site x all 37 positions.
+The loop over all 37 positions runs one round (it is slow by design).
+
+Run: pytest benchmarks/bench_interventions.py --benchmark-only
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks.common import DEVICE, sync
+from mecheval.interventions import attribution_patching, interchange_grid, per_cell_loop
+from mecheval.models import build_model
+from mecheval.tasks import make_task
+
+TASK = make_task("ar")  # the study's AR: 16 pairs over 4096 keys, 37 tokens
+GRIDS = {"named positions": None, "all 37 positions": ["all"]}
+METHODS = {
+    "ours (batched)": interchange_grid,
+    "per-cell loop": per_cell_loop,
+    "attribution patching": attribution_patching,
+}
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.manual_seed(0)
+    model = build_model("mamba", TASK.vocab_size, 64, max_len=TASK.max_document_length).to(DEVICE)
+    batch = TASK.sample(320, seed=0, split="dev")
+    corrupted = TASK.corrupt(batch, at="key", seed=0)
+    return model, batch, corrupted
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("grid", list(GRIDS))
+def test_interchange_grid(benchmark, setup, grid, method):
+    model, batch, corrupted = setup
+    fn = METHODS[method]
+
+    def run():
+        table = fn(model, batch, corrupted, positions=GRIDS[grid])
+        sync()
+        return table
+
+    benchmark.group = f"interchange grid, mamba d64, 320 AR docs, {grid}"
+    if method == "per-cell loop":
+        table = benchmark.pedantic(run, rounds=1, iterations=1, warmup_rounds=0)
+    else:
+        table = benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
+    cells = table.groupby(["layer", "site", "position"]).ngroups
+    benchmark.extra_info.update(
+        impl=method, grid=grid, cells=cells, rows=len(table), device=str(DEVICE)
+    )
