@@ -25,6 +25,7 @@ OVERRIDES = [
     "eval_every=600",
     "checkpoint_every=600",
     "progress=false",
+    "backend=torch",
 ]
 
 

@@ -28,6 +28,7 @@ BASE = {
     "steps": 8,
     "eval_every": 4,
     "checkpoint_every": 4,
+    "backend": "torch",  # not the Triton interpreter that the test session switches on
 }
 VOLATILE = ["wall_time_s", "checkpoint"]  # differ between any two executions
 
