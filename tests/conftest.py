@@ -7,12 +7,18 @@ ask for backend="triton" explicitly.
 """
 
 import os
+import tempfile
 
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# torch.compile tests get a fresh cache per process: pytest-xdist workers compiling into one
+# shared cache at once failed intermittently, and entries left by an older version of a custom
+# op (another output layout) break its compile.
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="mecheval-inductor-")
 
 import pytest  # noqa: E402
 
