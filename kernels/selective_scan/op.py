@@ -5,7 +5,7 @@ opaque node with a registered backward; which implementation runs is decided per
 `kernels.backend` and passed to the custom op as a string. Both implementations share one
 interface: `forward` returns (out, last_state, checkpoints), where the checkpoints (K, B, D, N)
 are the float32 states at the start of each chunk of positions, saved for the backward (their
-number K depends on the implementation: `num_checkpoints`).
+number K depends on the implementation: `num_checkpoints`; K = 0 when no gradient is needed).
 """
 
 from __future__ import annotations
@@ -52,19 +52,26 @@ def _scan_fwd(
     delta_bias: torch.Tensor | None,
     initial_state: torch.Tensor | None,
     softplus: bool,
+    save_checkpoints: bool,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if backend == "torch":
+        return torch_path.forward(
+            u, delta, A, B, C, D, z, delta_bias, initial_state, softplus, save_checkpoints
+        )
     out, last_state, checkpoints = _impl(backend).forward(
         u, delta, A, B, C, D, z, delta_bias, initial_state, softplus
     )
+    if not save_checkpoints:
+        checkpoints = checkpoints.new_empty(0, *checkpoints.shape[1:])
     return out, last_state, checkpoints
 
 
 @_scan_fwd.register_fake
-def _(u, delta, A, B, C, D, z, delta_bias, initial_state, softplus, backend):
+def _(u, delta, A, B, C, D, z, delta_bias, initial_state, softplus, save, backend):
     batch, channels, length = u.shape
     N = A.shape[1]
-    n_ckpt = _impl(backend).num_checkpoints(batch, channels, N, length)
+    n_ckpt = _impl(backend).num_checkpoints(batch, channels, N, length) if save else 0
     dtype = _state_dtype(u)
     return (
         torch.empty_like(u),
@@ -115,7 +122,7 @@ def _(dout, dlast, u, delta, A, B, C, D, z, delta_bias, initial_state, checkpoin
 
 
 def _setup_context(ctx, inputs, output):
-    u, delta, A, B, C, D, z, delta_bias, initial_state, softplus, backend = inputs
+    u, delta, A, B, C, D, z, delta_bias, initial_state, softplus, _, backend = inputs
     checkpoints = output[2]
     ctx.mark_non_differentiable(checkpoints)
     ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, initial_state, checkpoints)
@@ -143,6 +150,7 @@ def _backward(ctx, dout, dlast, dcheckpoints):
     inputs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
     return (
         *(None if t is None else g for t, g in zip(inputs, grads, strict=True)),
+        None,
         None,
         None,
     )
@@ -239,8 +247,23 @@ def selective_scan_fn(
     )
     chosen = resolve_backend(OP, backend, device)
     _validate(u, delta, A, B, C, D, z, delta_bias, initial_state, delta_softplus, chosen)
+    # The backward's checkpoints only when autograd will ask for a backward.
+    needs_grad = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors.values()
+    )
     out, last_state, _ = _scan_fwd(
-        u, delta, A, B, C, D, z, delta_bias, initial_state, bool(delta_softplus), chosen
+        u,
+        delta,
+        A,
+        B,
+        C,
+        D,
+        z,
+        delta_bias,
+        initial_state,
+        bool(delta_softplus),
+        needs_grad,
+        chosen,
     )
     if not return_last_state:
         return out

@@ -1,8 +1,10 @@
 """The PyTorch path of the selective scan (the CPU fast path), with a hand-written backward.
 
-Everything but the time recurrence is vectorised. Positions are processed in chunks of T so
-that a few (T, B, D, N) buffers stay within a fixed memory budget; inside a chunk the
-recurrence is one fused multiply-add per position on a time-major (T, B, D, N) buffer, and
+Everything but the time recurrence is vectorised. Rows of the batch are processed in tiles and
+positions in chunks of T, so that a few (T, rows, D, N) buffers stay within a fixed memory budget
+(large batches, such as the stacked cells of an intervention grid, would otherwise get chunks of
+one position and buffers far larger than the cache: tiling rows is about twice as fast there).
+Inside a chunk the recurrence is one fused multiply-add per position on a time-major buffer, and
 contractions over N or over channels are batched matrix products.
 
 The forward keeps only the state at the start of each chunk (the checkpoints). The backward
@@ -19,17 +21,44 @@ import torch.nn.functional as F
 
 from kernels.layout import match_layout
 
-# Elements of one (T, B, D, N) chunk buffer; the backward holds about six of them.
-CHUNK_ELEMENTS = 1 << 19
+# Elements of one (T, rows, D, N) chunk buffer; the backward holds about six of them.
+CHUNK_ELEMENTS = 1 << 20
+# Batch tiles are sized so that a chunk holds at least this many positions.
+MIN_CHUNK = 4
 
 
 def _compute_dtype(u: torch.Tensor) -> torch.dtype:
     return torch.float64 if u.dtype == torch.float64 else torch.float32
 
 
+def tile_rows(batch: int, channels: int, state: int) -> int:
+    """Batch rows per tile: as many as leave room for chunks of MIN_CHUNK positions."""
+    return max(1, min(batch, CHUNK_ELEMENTS // (channels * state * MIN_CHUNK)))
+
+
 def chunk_length(batch: int, channels: int, state: int, length: int) -> int:
-    """Positions per chunk: as many as fit the buffer budget, at least one."""
-    return max(1, min(length, CHUNK_ELEMENTS // (batch * channels * state)))
+    """Positions per chunk: as many as fit the buffer budget with one tile of rows, >= 1."""
+    rows = tile_rows(batch, channels, state)
+    return max(1, min(length, CHUNK_ELEMENTS // (rows * channels * state)))
+
+
+def _tiles(batch: int, channels: int, state: int) -> list[slice]:
+    rows = tile_rows(batch, channels, state)
+    return [slice(r, min(batch, r + rows)) for r in range(0, batch, rows)]
+
+
+def _per_row(name: str, x: torch.Tensor | None) -> bool:
+    """Whether an input (or its gradient) has a batch axis first (B and C only when not (D, N))."""
+    if x is None or name in ("A", "D", "delta_bias"):
+        return False
+    return x.dim() > 2 if name in ("B", "C") else True
+
+
+INPUTS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state")
+
+
+def _rows_of(tensors, rows: slice) -> list:
+    return [x[rows] if _per_row(n, x) else x for n, x in zip(INPUTS, tensors, strict=True)]
 
 
 def num_checkpoints(batch: int, channels: int, state: int, length: int) -> int:
@@ -172,12 +201,32 @@ def forward(
     delta_bias: torch.Tensor | None,
     initial_state: torch.Tensor | None,
     softplus: bool,
+    save_checkpoints: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out (B, D, L) in u's dtype and layout, last_state (B, D, N), checkpoints (K, B, D, N))."""
-    compute = _compute_dtype(u)
+    """(out (B, D, L) in u's dtype and layout, last_state (B, D, N), checkpoints (K, B, D, N));
+    K = 0 when not `save_checkpoints` (no backward will run: inference)."""
     batch, channels, length = u.shape
     N = A.shape[1]
     T = chunk_length(batch, channels, N, length)
+    inputs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
+    parts = [
+        _forward_rows(*_rows_of(inputs, rows), softplus, T, save_checkpoints)
+        for rows in _tiles(batch, channels, N)
+    ]
+    if len(parts) == 1:
+        out, last_state, checkpoints = parts[0]
+    else:
+        out = torch.cat([p[0] for p in parts])
+        last_state = torch.cat([p[1] for p in parts])
+        checkpoints = torch.cat([p[2] for p in parts], dim=1)
+    return match_layout(out.to(u.dtype), u), last_state, checkpoints
+
+
+def _forward_rows(u, delta, A, B, C, D, z, delta_bias, initial_state, softplus, T, save):
+    """`forward` for one tile of rows, in chunks of T positions; out in the compute dtype."""
+    compute = _compute_dtype(u)
+    batch, channels, length = u.shape
+    N = A.shape[1]
     dt, _ = _discretisation(delta, delta_bias, softplus, compute)
     u_c = u.to(compute)
     dt_t, u_t = _time_major(dt), _time_major(u_c)
@@ -185,30 +234,28 @@ def forward(
     B_c, C_c = _time_major_bc(B.to(compute)), _time_major_bc(C.to(compute))
 
     n_chunks = (length + T - 1) // T
-    checkpoints = u.new_empty(n_chunks, batch, channels, N, dtype=compute)
-    last_state = u.new_empty(batch, channels, N, dtype=compute)
-    h = checkpoints[0]
-    if initial_state is None:
-        h.zero_()
-    else:
-        h.copy_(initial_state)
+    checkpoints = u.new_empty(n_chunks if save else 0, batch, channels, N, dtype=compute)
+    state = u.new_zeros(batch, channels, N, dtype=compute)  # entering the current chunk
+    if initial_state is not None:
+        state.copy_(initial_state)
     y = u.new_empty(length, batch, channels, dtype=compute)
     a_buf, h_buf = _chunk_buffers(2, T, u, N, compute)
     for c in range(n_chunks):
         t0, t1 = c * T, min(length, (c + 1) * T)
         a, hs = a_buf[: t1 - t0], h_buf[: t1 - t0]
-        _scan_chunk(dt_t[t0:t1], u_t[t0:t1], A_c, _chunk(B_c, t0, t1), B, h, a, hs)
+        if save:
+            checkpoints[c].copy_(state)
+        _scan_chunk(dt_t[t0:t1], u_t[t0:t1], A_c, _chunk(B_c, t0, t1), B, state, a, hs)
         y[t0:t1] = _inner(hs, _chunk(C_c, t0, t1), C)
-        # The next chunk's checkpoint (the buffers are overwritten by the next chunk).
-        h = checkpoints[c + 1] if c + 1 < n_chunks else last_state
-        h.copy_(hs[-1])
+        state.copy_(hs[-1])  # the buffers are overwritten by the next chunk
+    last_state = state
 
     out = _from_time_major_bdl(y, u)
     if D is not None:
         out.addcmul_(D.to(compute)[:, None], u_c)
     if z is not None:
         out.mul_(F.silu(z.to(compute)))
-    return match_layout(out.to(u.dtype), u), last_state, checkpoints
+    return out, last_state, checkpoints
 
 
 def _from_time_major_bdl(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -233,11 +280,50 @@ def backward(
     softplus: bool,
 ) -> list[torch.Tensor | None]:
     """Gradients (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, dinitial_state), each in its
-    input's dtype and layout; None for absent inputs."""
-    compute = _compute_dtype(u)
+    input's dtype and layout; None for absent inputs. Tiles of rows run one after another and
+    the gradients of shared inputs are summed in tile order (deterministic)."""
     batch, channels, length = u.shape
     N = A.shape[1]
     T = chunk_length(batch, channels, N, length)
+    inputs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
+    parts = []
+    for rows in _tiles(batch, channels, N):
+        dlast_rows = None if dlast is None else dlast[rows]
+        parts.append(
+            _backward_rows(
+                dout[rows], dlast_rows, *_rows_of(inputs, rows), checkpoints[:, rows], softplus, T
+            )
+        )
+    grads = []
+    for i, (name, x) in enumerate(zip(INPUTS, inputs, strict=True)):
+        if x is None:
+            grads.append(None)
+            continue
+        tile_grads = [p[i] for p in parts]
+        if name in ("B", "C"):  # time-major: rows on axis 1 when per row
+            g = torch.cat(tile_grads, dim=1) if _per_row(name, x) else sum_in_order(tile_grads)
+            grads.append(_from_time_major(g, x))
+            continue
+        g = torch.cat(tile_grads) if _per_row(name, x) else sum_in_order(tile_grads)
+        grads.append(match_layout(g.to(x.dtype), x))
+    return grads
+
+
+def sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
+    total = parts[0].clone() if len(parts) > 1 else parts[0]
+    for part in parts[1:]:
+        total += part
+    return total
+
+
+def _backward_rows(
+    dout, dlast, u, delta, A, B, C, D, z, delta_bias, initial_state, checkpoints, softplus, T
+):
+    """`backward` for one tile of rows, in chunks of T positions: the gradients in the compute
+    dtype (those of B and C time-major), None for absent inputs."""
+    compute = _compute_dtype(u)
+    batch, channels, length = u.shape
+    N = A.shape[1]
     dt, pre = _discretisation(delta, delta_bias, softplus, compute)
     u_c = u.to(compute)
     dt_t, u_t = _time_major(dt), _time_major(u_c)
@@ -295,31 +381,16 @@ def backward(
     dD = None
     if D is not None:
         du.addcmul_(D.to(compute)[:, None], g)
-        dD = match_layout((g * u_c).sum((0, 2)).to(D.dtype), D)
+        dD = (g * u_c).sum((0, 2))
     ddt = _from_time_major_bdl(ddt_t, delta)
     if softplus:
         ddt.mul_(torch.sigmoid(pre))
-    ddelta_bias = None
-    if delta_bias is not None:
-        ddelta_bias = match_layout(ddt.sum((0, 2)).to(delta_bias.dtype), delta_bias)
+    ddelta_bias = ddt.sum((0, 2)) if delta_bias is not None else None
     dz = None
     if z is not None:
         gated = _from_time_major_bdl(y_t, z)
         if D is not None:
             gated.addcmul_(D.to(compute)[:, None], u_c)
         dz = dout.to(compute) * gated * sig_z * (1 + z_c * (1 - sig_z))
-        dz = match_layout(dz.to(z.dtype), z)
-    dinit = None
-    if initial_state is not None:
-        dinit = match_layout(carry.to(initial_state.dtype), initial_state)
-    return [
-        match_layout(du.to(u.dtype), u),
-        match_layout(ddt.to(delta.dtype), delta),
-        match_layout(dA.to(A.dtype), A),
-        _from_time_major(dB_t, B),
-        _from_time_major(dC_t, C),
-        dD,
-        dz,
-        ddelta_bias,
-        dinit,
-    ]
+    dinit = carry if initial_state is not None else None
+    return [du, ddt, dA, dB_t, dC_t, dD, dz, ddelta_bias, dinit]

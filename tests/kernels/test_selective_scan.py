@@ -259,10 +259,13 @@ def test_torch_path_fp16_matches_reference(case):
 
 
 def test_torch_path_long_sequence_spans_many_chunks(monkeypatch):
-    """Chunk boundaries inside the PyTorch path (normally sized by a memory budget)."""
+    """Chunk boundaries and batch tiles inside the PyTorch path (normally sized by a memory
+    budget): tiles of one row, chunks of 7 positions."""
     from kernels.selective_scan import torch_path
 
-    monkeypatch.setattr(torch_path, "CHUNK_ELEMENTS", 2 * 6 * 5 * 7)  # chunks of 7 positions
+    monkeypatch.setattr(torch_path, "CHUNK_ELEMENTS", 6 * 5 * 7)
+    monkeypatch.setattr(torch_path, "MIN_CHUNK", 7)
+    assert torch_path.tile_rows(2, 6, 5) == 1 and torch_path.chunk_length(2, 6, 5, 40) == 7
     case = Case(length=40, b_layout="group", c_layout="fixed", initial_state=True)
     check_against_reference(case, torch.float32, "cpu", "torch")
 
@@ -288,8 +291,10 @@ def test_torch_path_long_sequence_spans_many_chunks(monkeypatch):
 def test_gradcheck_float64_torch_path(monkeypatch, case):
     from kernels.selective_scan import torch_path
 
-    # Chunks of 2 positions, so the carried state and adjoint cross chunk boundaries.
-    monkeypatch.setattr(torch_path, "CHUNK_ELEMENTS", 2 * case.batch * case.channels * case.state)
+    # Tiles of one row and chunks of 2 positions, so the carried state and adjoint cross chunk
+    # boundaries and the gradients of shared inputs are summed over tiles.
+    monkeypatch.setattr(torch_path, "CHUNK_ELEMENTS", 2 * case.channels * case.state)
+    monkeypatch.setattr(torch_path, "MIN_CHUNK", 2)
     args = make_inputs(case, torch.float64, "cpu")
     args["A"] = args["A"].double()
     names = [k for k, v in args.items() if v is not None]
