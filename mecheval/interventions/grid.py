@@ -11,7 +11,13 @@ How it is fast, and still exact:
   cell at layer l restarts at layer l instead of at the embedding;
 - all cells of one site (every position, every example) are stacked along the batch axis and
   run together, in chunks that keep memory under `memory_budget` bytes;
-- only the query position's logits are computed;
+- causality prunes the work: positions after the last query are never computed, and a cell whose
+  patch cannot reach its row's query (a position after the query; the state after the query; a
+  site after the last layer's mixer, which acts on each position alone, anywhere but at the
+  query) is not run: its result is the corrupted run's, exactly;
+- a patch of a block's output restarts at the next block, which reads exactly that tensor;
+- only the query position's logits are computed, and the KL and the answer's probability come
+  from one log-sum-exp per row;
 - `state` sites (the recurrent state after a position) restart the scan from the patched
   state through the kernels' initial_state (see mecheval.layers.sites.StateSite).
 Each cell equals one plain per-cell forward with a hook (see `per_cell_loop`), to float
@@ -90,12 +96,50 @@ def _bytes_per_row(model, length: int) -> int:
     return 4 * length * (32 * d + model.state_size(length)) + 8 * model.config.vocab_size
 
 
-def _metrics(logits: torch.Tensor, answers: torch.Tensor, log_p_original: torch.Tensor):
-    log_p = F.log_softmax(logits.float(), dim=-1)
-    p_answer = log_p.gather(1, answers[:, None])[:, 0].exp()
-    logit = logits.float().gather(1, answers[:, None])[:, 0]
-    kl = (log_p_original.exp() * (log_p_original - log_p)).sum(-1)
-    return p_answer, logit, kl
+# Sites after a block's mixer: from there on the block (residual add, MLP) and, after the last
+# block, the final norm and the head act on each position alone.
+AFTER_MIXER = frozenset({"mixer_output", "mlp_input", "mlp_output", "block_output"})
+
+
+@dataclass(frozen=True)
+class Clean:
+    """The clean run's distribution at the query, as the metrics need it: probs (n, V) and
+    neg_entropy (n,) = sum_v p log p."""
+
+    probs: torch.Tensor
+    neg_entropy: torch.Tensor
+
+    @staticmethod
+    def of(logits: torch.Tensor) -> Clean:
+        log_p = F.log_softmax(logits.float(), dim=-1)
+        probs = log_p.exp()
+        return Clean(probs, (probs * log_p).sum(-1))
+
+    def rows(self, rows: torch.Tensor) -> Clean:
+        return Clean(self.probs[rows], self.neg_entropy[rows])
+
+
+def _metrics(logits: torch.Tensor, answers: torch.Tensor, clean: Clean):
+    """(p of the answer, the answer's logit, KL(clean || patched)) per row.
+
+    KL = sum p log p - sum p (logits - lse) = neg_entropy - <p, logits> + lse, as sum p = 1:
+    one log-sum-exp and one dot product per row instead of a log-softmax over the vocabulary.
+    """
+    logits = logits.float()
+    lse = torch.logsumexp(logits, dim=-1)
+    logit = logits.gather(1, answers[:, None])[:, 0]
+    dot = (clean.probs[:, None, :] @ logits[:, :, None])[:, 0, 0]
+    kl = (clean.neg_entropy - dot + lse).clamp_min(0.0)
+    return (logit - lse).exp(), logit, kl
+
+
+def reaches_query(ref: SiteRef, positions: torch.Tensor, query: torch.Tensor, last_layer: int):
+    """Rows whose patch at `positions` can change the logits at their `query` (causality)."""
+    if ref.short == "state":  # the state after p feeds positions p + 1 on
+        return positions < query
+    if ref.layer == last_layer and ref.short in AFTER_MIXER:
+        return positions == query
+    return positions <= query
 
 
 @torch.no_grad()
@@ -157,37 +201,52 @@ def interchange_grid(
             model.forward_from(0, model.embed(tokens), positions=query.repeat(len(labels)))
         source.update({r.name: record[r.name] for r in states})
 
-    restart_layers = sorted({r.layer for r in refs})
-    with model.intervene(reads={f"layers.{i}.block_input": None for i in restart_layers}) as record:
+    restart_layers = sorted({r.layer for r in refs if r.short != "block_output"})
+    output_layers = sorted({r.layer for r in refs if r.short == "block_output"})
+    reads = {f"layers.{i}.block_input": None for i in restart_layers}
+    reads.update({f"layers.{i}.block_output": None for i in output_layers})
+    with model.intervene(reads=reads) as record:
         corrupt_logits = logits_at(model, 0, model.embed(base_tokens), query)
-    base_inputs = {i: record[f"layers.{i}.block_input"] for i in restart_layers}
+    # Where each site's cells restart, and the base's residual stream entering there.
+    base_inputs = {(i, False): record[f"layers.{i}.block_input"] for i in restart_layers}
+    base_inputs.update({(i, True): record[f"layers.{i}.block_output"] for i in output_layers})
 
-    log_p_original = F.log_softmax(clean.float(), dim=-1)
-    p_original = log_p_original.gather(1, answers[:, None])[:, 0].exp()
-    p_corrupted = _metrics(corrupt_logits, answers, log_p_original)[0]
+    clean_dist = Clean.of(clean)
+    p_original = _metrics(clean, answers, clean_dist)[0]
+    corrupt = _metrics(corrupt_logits, answers, clean_dist)
+    p_corrupted = corrupt[0]
 
     chunk = max(1, memory_budget // _bytes_per_row(model, length))
+    needed = int(query.max()) + 1  # positions after the last query reach no query
     all_positions = torch.cat([where[label] for label in labels])  # (P n,)
     example = rows.repeat(len(labels))
     label_index = torch.arange(len(labels), device=device).repeat_interleave(n)
+    last_layer = len(model.layers) - 1
     outputs = []
     for ref in tqdm(refs, disable=not progress, desc="interchange grid", unit="site"):
         if ref.short == "state":
             values = source[ref.name]  # (P n, ...) already stacked by label
         else:
             values = source[ref.name][example, all_positions]  # (P n, C)
-        residual = base_inputs[ref.layer]
-        restored, logit, kl = [], [], []
-        for start in range(0, len(example), chunk):
-            part = slice(start, start + chunk)
-            rows_part = example[part]
-            with model.intervene(patches={ref.name: (all_positions[part], values[part])}):
-                logits = logits_at(model, ref.layer, residual[rows_part], query[rows_part])
-            p, lg, k = _metrics(logits, answers[rows_part], log_p_original[rows_part])
-            restored.append(p)
-            logit.append(lg)
-            kl.append(k)
-        outputs.append((ref, torch.cat(restored), torch.cat(logit), torch.cat(kl)))
+        # Cells that cannot reach the query keep the corrupted run's results.
+        restored, logit, kl = (m[example].clone() for m in corrupt)
+        live = reaches_query(ref, all_positions, query[example], last_layer).nonzero()[:, 0]
+        is_output = ref.short == "block_output"
+        residual = base_inputs[(ref.layer, is_output)][:, :needed]
+        for start in range(0, len(live), chunk):
+            cells = live[start : start + chunk]
+            rows_part, at = example[cells], all_positions[cells]
+            if is_output:  # the next block reads exactly the patched output
+                patched = residual[rows_part].index_put(
+                    (torch.arange(len(cells), device=device), at), values[cells]
+                )
+                logits = logits_at(model, ref.layer + 1, patched, query[rows_part])
+            else:
+                with model.intervene(patches={ref.name: (at, values[cells])}):
+                    logits = logits_at(model, ref.layer, residual[rows_part], query[rows_part])
+            p, lg, k = _metrics(logits, answers[rows_part], clean_dist.rows(rows_part))
+            restored[cells], logit[cells], kl[cells] = p, lg, k
+        outputs.append((ref, restored, logit, kl))
 
     if was_training:
         model.train()
