@@ -68,9 +68,9 @@ def environment() -> dict:
 LOG: Path | None = None  # every pytest stage's output is appended here (set in main)
 
 
-def _pytest(args: list[str], timeout_s: float) -> tuple[int, float]:
+def _pytest(args: list[str], timeout_s: float, **env_extra: str) -> tuple[int, float]:
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1", **env_extra)
     if _has("pytest_timeout"):
         args = [*args, "--timeout=240"]  # one hung test must not eat the lease
     start = time.time()
@@ -133,35 +133,31 @@ def run_tests(paths: list[str], out: Path, timeout_s: float) -> dict:
 
 
 def run_benchmarks(name: str, selection: list[str], out: Path, timeout_s: float) -> dict:
-    """One benchmark stage: pytest-benchmark over `selection`, its figures flattened."""
-    raw = out / f"bench_{name}.json"
+    """One benchmark stage: pytest-benchmark over `selection`, its figures flattened.
+
+    Figures are streamed to a JSON-lines file as each benchmark finishes (see
+    benchmarks/conftest.py), so a stage cut off by its time limit keeps what it measured.
+    """
+    stream = out / f"bench_{name}.jsonl"
+    stream.unlink(missing_ok=True)
     args = [
         *selection,
         "--benchmark-only",
         "-q",
         "-p",
         "no:cacheprovider",
-        f"--benchmark-json={raw}",
+        f"--benchmark-json={out / f'bench_{name}.json'}",
         "--benchmark-max-time=0.25",
         "--benchmark-min-rounds=5",
     ]
-    rc, seconds = _pytest(args, timeout_s)
-    result: dict = {"selection": selection, "returncode": rc, "seconds": seconds, "figures": []}
-    if not raw.exists():
-        result["error"] = "no benchmark report (timed out or crashed)"
-        return result
-    for b in json.loads(raw.read_text())["benchmarks"]:
-        stats = b["stats"]
-        result["figures"].append(
-            {
-                "group": b["group"],
-                "name": b["name"],
-                "median_s": stats["median"],
-                "min_s": stats["min"],
-                "rounds": stats["rounds"],
-                **b.get("extra_info", {}),
-            }
-        )
+    rc, seconds = _pytest(args, timeout_s, MECHEVAL_BENCH_STREAM=str(stream))
+    figures = []
+    if stream.exists():
+        figures = [json.loads(line) for line in stream.read_text().splitlines() if line]
+    result: dict = {"selection": selection, "returncode": rc, "seconds": seconds}
+    if rc == -9:
+        result["error"] = f"timed out after {seconds} s; {len(figures)} figures kept"
+    result["figures"] = figures
     return result
 
 
