@@ -2,8 +2,9 @@
 the batched engine vs the plain per-cell hook loop (one full forward per cell, as pyvene and
 the study run it), same model, same run; and attribution patching (one backward) vs exact.
 
-Grids: every site of the model x the four named positions, and every site x all 37 positions.
-The loop over all 37 positions runs one round (it is slow by design).
+Models: attention (a Transformer) and Mamba, d_model 64, untrained (the cost does not depend on
+the weights). Grids: every site of the model x the four named positions, and every site x all
+37 positions. The loop runs one round (it is slow by design).
 
 Run: pytest benchmarks/bench_interventions.py --benchmark-only
 """
@@ -19,6 +20,7 @@ from mecheval.models import build_model
 from mecheval.tasks import make_task
 
 TASK = make_task("ar")  # the study's AR: 16 pairs over 4096 keys, 37 tokens
+ARCHS = ("attention", "mamba")
 GRIDS = {"named positions": None, "all 37 positions": ["all"]}
 METHODS = {
     "ours (batched)": interchange_grid,
@@ -28,18 +30,22 @@ METHODS = {
 
 
 @pytest.fixture(scope="module")
-def setup():
-    torch.manual_seed(0)
-    model = build_model("mamba", TASK.vocab_size, 64, max_len=TASK.max_document_length).to(DEVICE)
+def data():
     batch = TASK.sample(320, seed=0, split="dev")
-    corrupted = TASK.corrupt(batch, at="key", seed=0)
-    return model, batch, corrupted
+    return batch, TASK.corrupt(batch, at="key", seed=0)
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def model(request):
+    torch.manual_seed(0)
+    size = dict(vocab_size=TASK.vocab_size, d_model=64, max_len=TASK.max_document_length)
+    return build_model(request.param, **size).to(DEVICE), request.param
 
 
 @pytest.mark.parametrize("method", list(METHODS))
 @pytest.mark.parametrize("grid", list(GRIDS))
-def test_interchange_grid(benchmark, setup, grid, method):
-    model, batch, corrupted = setup
+def test_interchange_grid(benchmark, model, data, grid, method):
+    (model, arch), (batch, corrupted) = model, data
     fn = METHODS[method]
 
     def run():
@@ -47,12 +53,12 @@ def test_interchange_grid(benchmark, setup, grid, method):
         sync()
         return table
 
-    benchmark.group = f"interchange grid, mamba d64, 320 AR docs, {grid}"
+    benchmark.group = f"interchange grid, {arch} d64, 320 AR docs, {grid}"
     if method == "per-cell loop":
         table = benchmark.pedantic(run, rounds=1, iterations=1, warmup_rounds=0)
     else:
         table = benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
     cells = table.groupby(["layer", "site", "position"]).ngroups
     benchmark.extra_info.update(
-        impl=method, grid=grid, cells=cells, rows=len(table), device=str(DEVICE)
+        arch=arch, impl=method, grid=grid, cells=cells, rows=len(table), device=str(DEVICE)
     )
