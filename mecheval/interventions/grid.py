@@ -16,6 +16,11 @@ How it is fast, and still exact:
   site after the last layer's mixer, which acts on each position alone, anywhere but at the
   query) is not run: its result is the corrupted run's, exactly;
 - a patch of a block's output restarts at the next block, which reads exactly that tensor;
+- when every mixer from the restart layer on is resumable (attention, Mamba, DeltaNet: see
+  mecheval.layers.resume), a cell also restarts near its position: cells are bucketed by
+  position, and a bucket starting at s runs only positions s.. from the base run's mixer
+  contexts at s (computed once, by running the base in segments), since the patched run equals
+  the base run before the patched position;
 - only the query position's logits are computed, and the KL and the answer's probability come
   from one log-sum-exp per row;
 - `state` sites (the recurrent state after a position) restart the scan from the patched
@@ -26,6 +31,7 @@ rounding; the tests check every cell.
 
 from __future__ import annotations
 
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +41,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from mecheval.interventions.positions import expand_positions, resolve_position
+from mecheval.layers.resume import Resume
 from mecheval.tasks import Batch
 
 COLUMNS = (
@@ -142,6 +149,52 @@ def reaches_query(ref: SiteRef, positions: torch.Tensor, query: torch.Tensor, la
     return positions <= query
 
 
+# Cells are bucketed by position into at most this many resume points.
+MAX_RESUME_POINTS = 16
+
+
+def _resumable(model, layer: int) -> bool:
+    return all(getattr(block.mixer, "resumable", False) for block in model.layers[layer:])
+
+
+def _resume_points(model, positions: torch.Tensor, needed: int, n: int, budget: int) -> list[int]:
+    """Where resumed runs may start: multiples of a stride that keep the buckets few, kept only
+    while the contexts stored there (n rows each) fit in half the memory budget."""
+    stride = max(1, -(-needed // MAX_RESUME_POINTS))
+    points = sorted({int(p) // stride * stride for p in positions.unique().tolist()})
+    points = [p for p in points if 0 <= p < needed]
+    context_bytes = sum(4 * n * model.state_size(p) for p in points)
+    return points if context_bytes <= budget // 2 else []
+
+
+@contextmanager
+def _resuming(model, first_layer: int, contexts: list[Resume]):
+    """Mixers of layers first_layer.. continue from `contexts` (one per such layer)."""
+    mixers = [block.mixer for block in model.layers[first_layer:]]
+    for mixer, context in zip(mixers, contexts, strict=True):
+        mixer.resume = context
+    try:
+        yield
+    finally:
+        for mixer in mixers:
+            mixer.resume = None
+
+
+def _base_contexts(model, embedded: torch.Tensor, points: list[int]) -> dict[int, list[Resume]]:
+    """point -> every layer's mixer context after the base run's positions [0, point), from one
+    pass over the base in segments."""
+    contexts: dict[int, list[Resume]] = {0: [Resume() for _ in model.layers]}
+    current = [Resume() for _ in model.layers]
+    rows = torch.zeros(embedded.shape[0], dtype=torch.long, device=embedded.device)
+    previous = 0
+    for point in [p for p in points if p > 0]:
+        with _resuming(model, 0, current):
+            model.forward_from(0, embedded[:, previous:point], positions=rows)
+        contexts[point] = [Resume(c.state) for c in current]
+        previous = point
+    return contexts
+
+
 @torch.no_grad()
 def interchange_grid(
     model,
@@ -205,8 +258,9 @@ def interchange_grid(
     output_layers = sorted({r.layer for r in refs if r.short == "block_output"})
     reads = {f"layers.{i}.block_input": None for i in restart_layers}
     reads.update({f"layers.{i}.block_output": None for i in output_layers})
+    base_embedded = model.embed(base_tokens)
     with model.intervene(reads=reads) as record:
-        corrupt_logits = logits_at(model, 0, model.embed(base_tokens), query)
+        corrupt_logits = logits_at(model, 0, base_embedded, query)
     # Where each site's cells restart, and the base's residual stream entering there.
     base_inputs = {(i, False): record[f"layers.{i}.block_input"] for i in restart_layers}
     base_inputs.update({(i, True): record[f"layers.{i}.block_output"] for i in output_layers})
@@ -222,6 +276,10 @@ def interchange_grid(
     example = rows.repeat(len(labels))
     label_index = torch.arange(len(labels), device=device).repeat_interleave(n)
     last_layer = len(model.layers) - 1
+    points = []
+    if _resumable(model, 0):
+        points = _resume_points(model, all_positions, needed, n, memory_budget)
+    contexts = _base_contexts(model, base_embedded, points) if points else {}
     outputs = []
     for ref in tqdm(refs, disable=not progress, desc="interchange grid", unit="site"):
         if ref.short == "state":
@@ -232,20 +290,32 @@ def interchange_grid(
         restored, logit, kl = (m[example].clone() for m in corrupt)
         live = reaches_query(ref, all_positions, query[example], last_layer).nonzero()[:, 0]
         is_output = ref.short == "block_output"
+        layer = ref.layer + 1 if is_output else ref.layer  # the first block to run
         residual = base_inputs[(ref.layer, is_output)][:, :needed]
-        for start in range(0, len(live), chunk):
-            cells = live[start : start + chunk]
-            rows_part, at = example[cells], all_positions[cells]
-            if is_output:  # the next block reads exactly the patched output
-                patched = residual[rows_part].index_put(
-                    (torch.arange(len(cells), device=device), at), values[cells]
-                )
-                logits = logits_at(model, ref.layer + 1, patched, query[rows_part])
-            else:
-                with model.intervene(patches={ref.name: (at, values[cells])}):
-                    logits = logits_at(model, ref.layer, residual[rows_part], query[rows_part])
-            p, lg, k = _metrics(logits, answers[rows_part], clean_dist.rows(rows_part))
-            restored[cells], logit[cells], kl[cells] = p, lg, k
+        # Bucket the cells by resume point (one bucket at 0 when the model cannot resume).
+        starts = torch.zeros_like(live)
+        if points:
+            table = torch.tensor(points, device=device)
+            starts = table[torch.searchsorted(table, all_positions[live], right=True) - 1]
+        for start_point in starts.unique().tolist():
+            bucket = live[starts == start_point]
+            for first in range(0, len(bucket), chunk):
+                cells = bucket[first : first + chunk]
+                rows_part = example[cells]
+                at, q_at = all_positions[cells] - start_point, query[rows_part] - start_point
+                suffix = residual[rows_part, start_point:]
+                resumed = [c.rows(rows_part) for c in contexts.get(start_point, [])[layer:]]
+                with _resuming(model, layer, resumed) if start_point else nullcontext():
+                    if is_output:  # the next block reads exactly the patched output
+                        patched = suffix.index_put(
+                            (torch.arange(len(cells), device=device), at), values[cells]
+                        )
+                        logits = logits_at(model, layer, patched, q_at)
+                    else:
+                        with model.intervene(patches={ref.name: (at, values[cells])}):
+                            logits = logits_at(model, layer, suffix, q_at)
+                p, lg, k = _metrics(logits, answers[rows_part], clean_dist.rows(rows_part))
+                restored[cells], logit[cells], kl[cells] = p, lg, k
         outputs.append((ref, restored, logit, kl))
 
     if was_training:

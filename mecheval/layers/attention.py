@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mecheval.layers.resume import Resume
+
 
 class CausalSelfAttention(nn.Module):
     """Causal softmax attention: one fused q/k/v projection `Wqkv`, output projection `out_proj`.
@@ -23,13 +25,27 @@ class CausalSelfAttention(nn.Module):
         self.head_dim = d_model // num_heads
         self.Wqkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
+        self.resume: Resume | None = None
+
+    resumable = True  # see mecheval.layers.resume; context: (keys, values) so far
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, L, d_model) -> (B, L, d_model)."""
         B, L, _ = x.shape
         qkv = self.Wqkv(x).view(B, L, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, L, head_dim)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        resume = self.resume
+        if resume is None or resume.state is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # queries at positions P.. see the P earlier keys and the causal part of these
+            k_before, v_before = resume.state
+            k, v = torch.cat([k_before, k], dim=2), torch.cat([v_before, v], dim=2)
+            P = k.shape[2] - L
+            keys = torch.arange(P + L, device=x.device)
+            mask = keys[None, :] <= (P + torch.arange(L, device=x.device))[:, None]
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        if resume is not None:
+            resume.state = (k, v)
         return self.out_proj(y.transpose(1, 2).reshape(B, L, self.d_model))
 
     def state_size(self, sequence_length: int) -> int:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
+from mecheval.layers.resume import Resume
 from mecheval.layers.short_conv import ShortConvolution
 from mecheval.layers.sites import Site, StateSite
 
@@ -104,23 +105,35 @@ class DeltaNet(nn.Module):
         self.o_norm = nn.RMSNorm(self.head_v_dim, eps=norm_eps)
         self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
         self.state = StateSite("state")
+        self.resume: Resume | None = None
 
-    def _conv(self, name: str, x: torch.Tensor) -> torch.Tensor:
+    # See mecheval.layers.resume; context: (q, k, v conv inputs, recurrent state).
+    resumable = True
+
+    def _conv(self, name: str, x: torch.Tensor, cache, keep: bool):
         x = getattr(self, f"{name}_conv_input")(x)
-        x = getattr(self, f"{name}_conv1d")(x)[0]
-        return getattr(self, f"{name}_conv_output")(x)
+        x, final = getattr(self, f"{name}_conv1d")(x, cache, output_final_state=keep)
+        return getattr(self, f"{name}_conv_output")(x), final
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states: (B, T, hidden_size) -> (B, T, hidden_size)."""
         batch, length, _ = hidden_states.shape
         H = self.num_heads
+        resume = self.resume
+        context = (None,) * 4 if resume is None or resume.state is None else resume.state
+        convs_out = (None,) * 3
         q, k, v = (
             self.q_proj(hidden_states),
             self.k_proj(hidden_states),
             self.v_proj(hidden_states),
         )
         if self.use_short_conv:
-            q, k, v = self._conv("q", q), self._conv("k", k), self._conv("v", v)
+            keep = resume is not None
+            (q, q_out), (k, k_out), (v, v_out) = (
+                self._conv(name, x, cache, keep)
+                for name, x, cache in zip("qkv", (q, k, v), context[:3], strict=True)
+            )
+            convs_out = (q_out, k_out, v_out)
         else:
             if self.qk_activation == "silu":
                 q, k = F.silu(q), F.silu(k)
@@ -155,9 +168,13 @@ class DeltaNet(nn.Module):
             )
 
         if self.state.active:
-            o = self.state.scan(run_segment, length, batch, time_dim=1)
+            o, final = self.state.scan(run_segment, length, batch, 1, initial_state=context[3])
+        elif resume is not None:
+            o, final = run_segment(0, length, context[3])
         else:
             o, _ = kernels.chunk_delta_rule(q, k, v, beta, use_qk_l2norm_in_kernel=l2)
+        if resume is not None:
+            resume.state = (*convs_out, final)
         # In float32: the kernel returns q's dtype (bf16 under autocast), the norm's weight is
         # float32, and a mixed-dtype RMSNorm falls off its fused path with a warning.
         o = self.o_norm(o.float())

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
+from mecheval.layers.resume import Resume
 from mecheval.layers.sites import Site, StateSite
 
 
@@ -128,17 +129,30 @@ class Mamba(nn.Module):
         self.D._no_weight_decay = True
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias, **factory)
         self.state = StateSite("state")
+        self.resume: Resume | None = None
+
+    resumable = True  # see mecheval.layers.resume; context: (conv inputs, scan state)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states: (B, L, d_model) -> (B, L, d_model)."""
         batch, length, _ = hidden_states.shape
+        resume = self.resume
+        conv_in, ssm_in = (None, None) if resume is None or resume.state is None else resume.state
+        conv_out = None
         x, z = self.in_proj(hidden_states).chunk(2, dim=-1)  # (B, L, d_inner) each
         if self.use_conv:
             x = self.conv_input(x)
             x = kernels.causal_conv1d_fn(
-                x.transpose(1, 2), self.conv1d.weight[:, 0, :], self.conv1d.bias, "silu"
-            ).transpose(1, 2)
-            x = self.conv_output(x)
+                x.transpose(1, 2),
+                self.conv1d.weight[:, 0, :],
+                self.conv1d.bias,
+                "silu",
+                initial_states=conv_in,
+                return_final_states=resume is not None,
+            )
+            if resume is not None:
+                x, conv_out = x
+            x = self.conv_output(x.transpose(1, 2))
         else:
             x = F.silu(x)
         dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
@@ -166,11 +180,15 @@ class Mamba(nn.Module):
             )
 
         if self.state.active:
-            y = self.state.scan(run_segment, length, batch, time_dim=-1)
+            y, ssm_out = self.state.scan(run_segment, length, batch, -1, initial_state=ssm_in)
+        elif resume is not None:
+            y, ssm_out = run_segment(0, length, ssm_in)
         else:
             y = kernels.selective_scan_fn(
                 u, delta, A, B, C, D, z=z, delta_bias=delta_bias, delta_softplus=True
             )
+        if resume is not None:
+            resume.state = (conv_out, ssm_out)
         return self.out_proj(y.transpose(1, 2))
 
     def state_size(self, sequence_length: int) -> int:

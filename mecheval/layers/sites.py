@@ -168,7 +168,14 @@ class StateSite(nn.Module):
     def active(self) -> bool:
         return self.plan is not None
 
-    def scan(self, run_segment: SegmentFn, length: int, batch: int, time_dim: int) -> torch.Tensor:
+    def scan(
+        self,
+        run_segment: SegmentFn,
+        length: int,
+        batch: int,
+        time_dim: int,
+        initial_state: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the scan in pieces as the plan says.
 
         Args:
@@ -176,9 +183,11 @@ class StateSite(nn.Module):
             length: sequence length L.
             batch: batch size B.
             time_dim: the time axis of the outputs, to concatenate pieces along.
+            initial_state: the state before position 0 (None: the scan's zero state).
 
         Returns:
-            the outputs for all L positions, as one unsplit scan would return them.
+            (the outputs for all L positions, as one unsplit scan would return them, the state
+            after the last position).
         """
         plan = self.plan
         cuts: set[int] = set()
@@ -201,7 +210,7 @@ class StateSite(nn.Module):
 
         outputs, states = [], []
         read_buffer = None
-        state = None
+        state = initial_state
         start = 0
         for p in sorted(cuts):
             out, state = run_segment(start, p + 1, state)
@@ -217,10 +226,12 @@ class StateSite(nn.Module):
                 )
             start = p + 1
         if start < length:
-            outputs.append(run_segment(start, length, state)[0])
+            out, state = run_segment(start, length, state)
+            outputs.append(out)
         if plan.read:
             plan.record[plan.name] = torch.stack(states, 1) if read_pos is None else read_buffer
-        return torch.cat(outputs, dim=time_dim) if len(outputs) > 1 else outputs[0]
+        y = torch.cat(outputs, dim=time_dim) if len(outputs) > 1 else outputs[0]
+        return y, state
 
     @staticmethod
     def _patch(

@@ -1,0 +1,74 @@
+"""Resumable mixers (mecheval.layers.resume): a sequence run in segments, each resuming from
+the context the previous one left, gives the outputs of one run; also through a state patch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mecheval.layers.resume import Resume
+from mecheval.models import ARCHITECTURES, build_model
+
+RESUMABLE = ["attention", "mamba", "mamba_noconv", "deltanet", "deltanet_noconv"]
+V, D, L = 40, 16, 11
+
+
+def _mixer(arch):
+    torch.manual_seed(0)
+    model = build_model(arch, V, D, max_len=L)
+    with torch.no_grad():  # weights at the usual scale, so that every part of a mixer matters
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.normal_(0, module.in_features**-0.5)
+    return model.layers[0].mixer.eval()
+
+
+def _segments(mixer, x, cuts):
+    mixer.resume = Resume()
+    try:
+        bounds = [0, *cuts, x.shape[1]]
+        return torch.cat([mixer(x[:, a:b]) for a, b in zip(bounds, bounds[1:], strict=False)], 1)
+    finally:
+        mixer.resume = None
+
+
+def test_the_resumable_mixers_are_these():
+    resumable = [a for a in ARCHITECTURES if getattr(_mixer(a), "resumable", False)]
+    assert resumable == RESUMABLE
+
+
+@pytest.mark.parametrize("arch", RESUMABLE)
+@pytest.mark.parametrize("cuts", [[1], [4], [3, 7, 10]], ids=str)
+def test_segments_equal_one_run(arch, cuts):
+    mixer = _mixer(arch)
+    x = torch.randn(3, L, D, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        whole = mixer(x)
+        pieces = _segments(mixer, x, cuts)
+    torch.testing.assert_close(pieces, whole, atol=2e-5, rtol=1e-4)
+    assert mixer.resume is None
+
+
+@pytest.mark.parametrize("arch", ["mamba", "deltanet"])
+def test_a_resumed_state_patch_equals_one_patched_run(arch):
+    """Patching the state after position 6 in a segment that starts at 4 (relative 2) gives
+    what patching it in one run does."""
+    model = build_model(arch, V, D, max_len=L).eval()
+    name = "layers.0.state"
+    tokens = torch.randint(0, V, (2, L), generator=torch.Generator().manual_seed(2))
+    x = model.embed(tokens)
+    block = model.layers[0]
+    with torch.no_grad():
+        with model.intervene(reads={name: torch.tensor([3, 3])}) as record:
+            model(tokens)
+        value = record[name] * 1.5
+        with model.intervene(patches={name: (torch.tensor([6, 6]), value)}):
+            whole = block(x)
+        first = Resume()
+        block.mixer.resume = first
+        block(x[:, :4])
+        block.mixer.resume = first
+        with model.intervene(patches={name: (torch.tensor([2, 2]), value)}):
+            rest = block(x[:, 4:])
+        block.mixer.resume = None
+    torch.testing.assert_close(rest, whole[:, 4:], atol=2e-5, rtol=1e-4)
