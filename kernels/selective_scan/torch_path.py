@@ -31,19 +31,21 @@ def _compute_dtype(u: torch.Tensor) -> torch.dtype:
     return torch.float64 if u.dtype == torch.float64 else torch.float32
 
 
-def tile_rows(batch: int, channels: int, state: int) -> int:
-    """Batch rows per tile: as many as leave room for chunks of MIN_CHUNK positions."""
-    return max(1, min(batch, CHUNK_ELEMENTS // (channels * state * MIN_CHUNK)))
+def tile_rows(batch: int, channels: int, state: int, length: int) -> int:
+    """Batch rows per tile: as many as leave room for chunks of MIN_CHUNK positions (or of the
+    whole sequence, when shorter: short segments of a split scan then take few tiles)."""
+    positions = min(MIN_CHUNK, length)
+    return max(1, min(batch, CHUNK_ELEMENTS // (channels * state * positions)))
 
 
 def chunk_length(batch: int, channels: int, state: int, length: int) -> int:
     """Positions per chunk: as many as fit the buffer budget with one tile of rows, >= 1."""
-    rows = tile_rows(batch, channels, state)
+    rows = tile_rows(batch, channels, state, length)
     return max(1, min(length, CHUNK_ELEMENTS // (rows * channels * state)))
 
 
-def _tiles(batch: int, channels: int, state: int) -> list[slice]:
-    rows = tile_rows(batch, channels, state)
+def _tiles(batch: int, channels: int, state: int, length: int) -> list[slice]:
+    rows = tile_rows(batch, channels, state, length)
     return [slice(r, min(batch, r + rows)) for r in range(0, batch, rows)]
 
 
@@ -211,7 +213,7 @@ def forward(
     inputs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
     parts = [
         _forward_rows(*_rows_of(inputs, rows), softplus, T, save_checkpoints)
-        for rows in _tiles(batch, channels, N)
+        for rows in _tiles(batch, channels, N, length)
     ]
     if len(parts) == 1:
         out, last_state, checkpoints = parts[0]
@@ -287,7 +289,7 @@ def backward(
     T = chunk_length(batch, channels, N, length)
     inputs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
     parts = []
-    for rows in _tiles(batch, channels, N):
+    for rows in _tiles(batch, channels, N, length):
         dlast_rows = None if dlast is None else dlast[rows]
         parts.append(
             _backward_rows(

@@ -265,7 +265,7 @@ def test_torch_path_long_sequence_spans_many_chunks(monkeypatch):
 
     monkeypatch.setattr(torch_path, "CHUNK_ELEMENTS", 6 * 5 * 7)
     monkeypatch.setattr(torch_path, "MIN_CHUNK", 7)
-    assert torch_path.tile_rows(2, 6, 5) == 1 and torch_path.chunk_length(2, 6, 5, 40) == 7
+    assert torch_path.tile_rows(2, 6, 5, 40) == 1 and torch_path.chunk_length(2, 6, 5, 40) == 7
     case = Case(length=40, b_layout="group", c_layout="fixed", initial_state=True)
     check_against_reference(case, torch.float32, "cpu", "torch")
 
