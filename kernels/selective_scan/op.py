@@ -55,15 +55,9 @@ def _scan_fwd(
     save_checkpoints: bool,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if backend == "torch":
-        return torch_path.forward(
-            u, delta, A, B, C, D, z, delta_bias, initial_state, softplus, save_checkpoints
-        )
     out, last_state, checkpoints = _impl(backend).forward(
-        u, delta, A, B, C, D, z, delta_bias, initial_state, softplus
+        u, delta, A, B, C, D, z, delta_bias, initial_state, softplus, save_checkpoints
     )
-    if not save_checkpoints:
-        checkpoints = checkpoints.new_empty(0, *checkpoints.shape[1:])
     return out, last_state, checkpoints
 
 

@@ -303,15 +303,15 @@ def backward(
             continue
         tile_grads = [p[i] for p in parts]
         if name in ("B", "C"):  # time-major: rows on axis 1 when per row
-            g = torch.cat(tile_grads, dim=1) if _per_row(name, x) else sum_in_order(tile_grads)
+            g = torch.cat(tile_grads, dim=1) if _per_row(name, x) else _sum_in_order(tile_grads)
             grads.append(_from_time_major(g, x))
             continue
-        g = torch.cat(tile_grads) if _per_row(name, x) else sum_in_order(tile_grads)
+        g = torch.cat(tile_grads) if _per_row(name, x) else _sum_in_order(tile_grads)
         grads.append(match_layout(g.to(x.dtype), x))
     return grads
 
 
-def sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
+def _sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
     total = parts[0].clone() if len(parts) > 1 else parts[0]
     for part in parts[1:]:
         total += part

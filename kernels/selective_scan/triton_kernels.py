@@ -576,8 +576,10 @@ def forward(
     delta_bias: torch.Tensor | None,
     initial_state: torch.Tensor | None,
     softplus: bool,
+    save_checkpoints: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out (B, D, L) in u's dtype and layout, last_state (B, D, N), checkpoints (K, B, D, N))."""
+    """(out (B, D, L) in u's dtype and layout, last_state (B, D, N), checkpoints (K, B, D, N));
+    K = 0 when not `save_checkpoints` (the kernel writes them regardless)."""
     batch, channels, length = u.shape
     N = A.shape[1]
     plan = _Plan(u, A, B, C)
@@ -628,6 +630,8 @@ def forward(
         **plan.meta(),
         num_warps=FORWARD_WARPS,
     )
+    if not save_checkpoints:
+        ckpt = ckpt.new_empty(0, *ckpt.shape[1:])
     return out, last, ckpt
 
 

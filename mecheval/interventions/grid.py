@@ -247,20 +247,21 @@ def interchange_grid(
     with model.intervene(reads={r.name: None for r in ordinary}) as record:
         clean = logits_at(model, 0, model.embed(batch.tokens), query)
     source = {r.name: record[r.name] for r in ordinary}
+    # Every cell of a site, stacked label-major: its example and its position.
+    all_positions = torch.cat([where[label] for label in labels])  # (P n,)
+    example = rows.repeat(len(labels))
     states = [r for r in refs if r.short == "state"]
-    stacked = torch.cat([where[label] for label in labels])  # (P n,), label-major
     if states and 4 * n * length * model.state_size(length) <= memory_budget // 2:
         # The state after every position, in one pass (one scan piece per position), then
         # the patched positions picked out.
         with model.intervene(reads={r.name: None for r in states}) as record:
             model.forward_from(0, model.embed(batch.tokens), positions=query)
-        example = rows.repeat(len(labels))
-        source.update({r.name: record[r.name][example, stacked] for r in states})
+        source.update({r.name: record[r.name][example, all_positions] for r in states})
     elif states:
         # Too many to keep: the state after each patched position, in one pass over the
         # stacked labels (one scan piece per distinct position, over P n rows).
         tokens = batch.tokens.repeat(len(labels), 1)
-        with model.intervene(reads={r.name: stacked for r in states}) as record:
+        with model.intervene(reads={r.name: all_positions for r in states}) as record:
             model.forward_from(0, model.embed(tokens), positions=query.repeat(len(labels)))
         source.update({r.name: record[r.name] for r in states})
 
@@ -282,8 +283,6 @@ def interchange_grid(
 
     chunk = max(1, memory_budget // _bytes_per_row(model, length))
     needed = int(query.max()) + 1  # positions after the last query reach no query
-    all_positions = torch.cat([where[label] for label in labels])  # (P n,)
-    example = rows.repeat(len(labels))
     label_index = torch.arange(len(labels), device=device).repeat_interleave(n)
     last_layer = len(model.layers) - 1
     points = []
