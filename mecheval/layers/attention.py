@@ -1,4 +1,5 @@
-"""Causal multi-head softmax self-attention (zoology's `MHA`, without biases)."""
+"""Causal multi-head softmax self-attention (zoology's `MHA` built with bias=False: the fused
+q/k/v projection has no bias, the output projection keeps one)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class CausalSelfAttention(nn.Module):
         self.d_model, self.num_heads = d_model, num_heads
         self.head_dim = d_model // num_heads
         self.Wqkv = nn.Linear(d_model, 3 * d_model, bias=False)
-        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+        self.out_proj = nn.Linear(d_model, d_model)
         self.resume: Resume | None = None
 
     resumable = True  # see mecheval.layers.resume; context: (keys, values) so far

@@ -2,8 +2,9 @@
 
     y = conv(u) * (u W) + u
 
-where conv is a short causal depthwise convolution (width W, on `kernels.causal_conv1d_fn`) or
-an implicit long convolution (`ImplicitLongConvolution`, which itself adds u back).
+where conv is a short causal depthwise convolution (width W, with bias, on
+`kernels.causal_conv1d_fn`) or an implicit long convolution (`ImplicitLongConvolution`, which
+itself adds u back), and the projection W has a bias, as zoology builds them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class BaseConv(nn.Module):
 
     Args:
         d_model: channels in and out.
-        l_max: longest sequence (for the long conv's filter).
+        l_max: the sizing length of the long conv's filter (sequences up to l_max).
         kernel_size: short conv width (1..8), or -1 for the implicit long convolution.
         filter_order: width of the long conv's filter MLP.
     """
@@ -34,12 +35,12 @@ class BaseConv(nn.Module):
     ) -> None:
         super().__init__()
         self.d_model, self.l_max, self.kernel_size = d_model, l_max, kernel_size
-        self.projection = nn.Linear(d_model, d_model, bias=False)
+        self.projection = nn.Linear(d_model, d_model)
         if kernel_size == -1:
             self.conv = ImplicitLongConvolution(d_model, l_max, order=filter_order)
             prefix = "long_conv"
         else:
-            self.conv = ShortConvolution(d_model, kernel_size, bias=False, activation=None)
+            self.conv = ShortConvolution(d_model, kernel_size, bias=True, activation=None)
             prefix = "conv"
         # Registered under their site names, so module paths match site names.
         self._site_names = (f"{prefix}_input", f"{prefix}_output")

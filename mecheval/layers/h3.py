@@ -1,14 +1,15 @@
 """H3, "Hungry Hungry Hippos" (Fu et al. 2023), as zoology builds it.
 
-    q, k, v = u W_q, u W_k, u W_v
-    k = shift_ssm(k)                   shift SSM: A = shift, B = e_1, so its kernel is C itself:
-                                       k'_t = sum_{i < N} C[:, i] k_{t-i} + D_shift k_t
+    q, k, v = u W_q + b_q, u W_k + b_k, u W_v + b_v
+    k = shift_ssm(k)                   shift SSM: A = shift, trained B (initially e_1) and C, so
+                                       its kernel is K_l = sum_n B[n] C[n + l] (C itself at init):
+                                       k'_t = sum_{l < N} K_l k_{t-l} + D_shift k_t
     kv = k (x) v per head              head_dim x head_dim outer product per head and position
     y = diag_ssm(kv)                   S4D-Lin kernel per head, bilinear discretisation, skip D
     o_t = sum_i q_t[i] y_t[i, :]       contract with q per head
-    out = o W_out
+    out = o W_out + b_out
 
-The study sets the state size N to the sequence length (zoology's note: this makes H3
+The study sets the state size N to its sizing length, 1024 (zoology's note: this makes H3
 equivalent to Hyena-like long convolutions), head_dim 2. The diagonal SSM has N // 2 complex
 modes, as S4D: the real kernel is 2 Re(sum_n C_n dB_n dA_n^l).
 """
@@ -54,11 +55,15 @@ class H3(nn.Module):
         self.d_model, self.d_state, self.head_dim = d_model, d_state, head_dim
         self.num_heads = H = d_model // head_dim
         modes = d_state // 2
-        self.q_proj = nn.Linear(d_model, d_model, bias=False)
-        self.k_proj = nn.Linear(d_model, d_model, bias=False)
-        self.v_proj = nn.Linear(d_model, d_model, bias=False)
-        # Shift SSM: its kernel is C; initialised like a depthwise Conv1d of width N.
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        # Shift SSM: B starts as e_1 (so the kernel starts as C); C is initialised like a
+        # depthwise Conv1d of width N.
         bound = 1 / math.sqrt(d_state)
+        self.shift_B = nn.Parameter(torch.zeros(d_model, d_state))
+        with torch.no_grad():
+            self.shift_B[:, 0] = 1.0
         self.shift_C = nn.Parameter(torch.empty(d_model, d_state).uniform_(-bound, bound))
         self.shift_D = nn.Parameter(torch.randn(d_model))
         # Diagonal SSM (S4D-Lin): A_n = -exp(inv_A_real) + i A_imag, A_n = -1/2 + i pi n.
@@ -70,11 +75,20 @@ class H3(nn.Module):
         self.B = nn.Parameter(torch.view_as_real(torch.ones(H, modes, dtype=torch.cfloat)).clone())
         self.C = nn.Parameter(torch.view_as_real(torch.randn(H, modes, dtype=torch.cfloat)))
         self.D = nn.Parameter(torch.randn(H))
-        self.output_linear = nn.Linear(d_model, d_model, bias=False)
+        self.output_linear = nn.Linear(d_model, d_model)
         self.conv_input = Site("conv_input")
         self.conv_output = Site("conv_output")
         self.long_conv_input = Site("long_conv_input")
         self.long_conv_output = Site("long_conv_output")
+
+    def shift_kernel(self, length: int) -> torch.Tensor:
+        """The shift SSM's convolution kernel, (min(length, N), d_model) float32:
+        K_l = sum_n B[n] C[n + l] (C zero beyond N), a cross-correlation taken by FFT."""
+        n = 2 * self.d_state
+        B_f = torch.fft.rfft(self.shift_B.float(), n=n)
+        C_f = torch.fft.rfft(self.shift_C.float(), n=n)
+        k = torch.fft.irfft(B_f.conj() * C_f, n=n)[:, : min(self.d_state, length)]
+        return k.transpose(0, 1)
 
     def diagonal_kernel(self, length: int) -> torch.Tensor:
         """The diagonal SSM's convolution kernel, (length, H) float32.
@@ -99,7 +113,7 @@ class H3(nn.Module):
         H, P = self.num_heads, self.head_dim
         q, k, v = self.q_proj(u), self.k_proj(u), self.v_proj(u)
         k = self.conv_input(k)
-        k = long_causal_conv(k, self.shift_C.transpose(0, 1)) + k * self.shift_D
+        k = long_causal_conv(k, self.shift_kernel(L)) + k * self.shift_D
         k = self.conv_output(k)
         kv = k.view(B, L, H, P, 1) * v.view(B, L, H, 1, P)  # (B, L, H, i, j)
         kv = self.long_conv_input(kv.reshape(B, L, H * P * P))

@@ -1,9 +1,9 @@
 """Hyena operator of order 2 (Poli et al. 2023), as zoology's `Hyena` builds it.
 
-x1, x2, v = split(short_conv(u W_in))        short filter width 3 over all 3 d channels
-v = v * x1                                   pre-gating
-v = h * v + D v                              implicit long filter h, skip D
-y = (v * x2) W_out                           post-gating, output projection
+x1, x2, v = split(short_conv(u W_in + b_in))  short filter width 3 (with bias) over 3 d channels
+v = v * x1                                    pre-gating
+v = h * v + D v                               implicit long filter h, skip D (off: see below)
+y = (v * x2) W_out + b_out                    post-gating, output projection
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ class Hyena(nn.Module):
 
     Args:
         d_model: channels in and out.
-        l_max: longest sequence.
+        l_max: the sizing length of the implicit filter (sequences up to l_max).
         filter_order: width of the implicit filter's MLP.
         short_filter_order: width of the short filter.
-        use_skip: learn the skip D of the long convolution. zoology calls D the filter's
+        use_skip: apply the skip D of the long convolution. zoology calls D the filter's
             "bias" and multiplies it by 0 when built with bias=False, as the study's models
-            are, so the default is off.
+            are, so the default is off; D is a parameter either way (the study's models have
+            it, untrained).
     """
 
     def __init__(
@@ -43,13 +44,14 @@ class Hyena(nn.Module):
     ) -> None:
         super().__init__()
         self.d_model, self.l_max = d_model, l_max
-        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=False)
-        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+        self.use_skip = use_skip
+        self.in_proj = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
         self.short_filter = ShortConvolution(
-            3 * d_model, short_filter_order, bias=False, activation=None
+            3 * d_model, short_filter_order, bias=True, activation=None
         )
         self.filter_fn = ImplicitFilter(d_model, l_max, order=filter_order)
-        self.D = nn.Parameter(torch.randn(d_model)) if use_skip else None
+        self.D = nn.Parameter(torch.randn(d_model))
         self.conv_input = Site("conv_input")
         self.conv_output = Site("conv_output")
         self.long_conv_input = Site("long_conv_input")
@@ -63,7 +65,7 @@ class Hyena(nn.Module):
         x1, x2, v = p.split(d, dim=-1)
         v = self.long_conv_input(v * x1)
         y = long_causal_conv(v, self.filter_fn(L))
-        v = self.long_conv_output(y if self.D is None else y + v * self.D)
+        v = self.long_conv_output(y + v * self.D if self.use_skip else y)
         return self.out_proj(v * x2)
 
     def state_size(self, sequence_length: int) -> int:

@@ -1,10 +1,14 @@
-"""Long causal convolutions (filters as long as the sequence) and Hyena's implicit filters.
+"""Long causal convolutions (filters as long as the sequence) and their implicit filters.
 
 Long convolutions run in PyTorch (no kernel: at the study's lengths they are small next to the
-projections), as a Toeplitz matmul for short sequences and through the FFT for long ones. The
-implicit filter follows the Hyena paper (Poli et al. 2023) as zoology builds it: a small MLP
-with sine activations maps a positional encoding z(t) of each position to one filter value per
-channel, and an exponential decay window modulates it.
+projections), as a Toeplitz matmul for short sequences and through the FFT for long ones.
+
+An implicit filter is a small MLP of a positional encoding z(t) of each position t, giving one
+filter tap per channel. The study (through zoology) uses two kinds, both laid out for its
+sizing length l_max (1024, whatever the document length, so t advances by 1 / (l_max - 1)):
+    ImplicitFilter          Hyena's: MLP with sine activations, exponential decay window
+    ImplicitLongConvolution BaseConv's long conv: Linear(3, 16), ReLU, Linear(16, C); no window
+In both, z is a trained parameter, as it is in the study's training (see docs/deviations.md).
 """
 
 from __future__ import annotations
@@ -53,6 +57,21 @@ def long_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return torch.fft.irfft(u_f * k_f, n=n, dim=1)[:, :L].to(dtype)
 
 
+def positional_encoding(l_max: int, emb_dim: int = 3) -> torch.Tensor:
+    """Hyena's positional encoding z(t), (l_max, emb_dim) float32.
+
+    z(t) = [t / (l_max - 1), cos(f_j w_t), -sin(f_j w_t)], w_t = 2 pi t / l_max, with bands
+    f_j = linspace(1e-4, bands - 1, bands), bands = (emb_dim - 1) // 2.
+    """
+    if emb_dim < 3 or emb_dim % 2 == 0:
+        raise ValueError(f"emb_dim must be odd and >= 3, got {emb_dim}")
+    t = torch.linspace(0, 1, l_max)[:, None]
+    bands = (emb_dim - 1) // 2
+    w = 2 * math.pi * torch.arange(l_max, dtype=torch.float32)[:, None] / l_max
+    f = torch.linspace(1e-4, bands - 1, bands)[None, :]
+    return torch.cat([t, torch.cos(f * w), -torch.sin(f * w)], dim=-1)
+
+
 class Sin(nn.Module):
     """sin(freq * x) with a learned frequency per feature (Hyena's filter activation).
 
@@ -70,19 +89,18 @@ class Sin(nn.Module):
 
 
 class ImplicitFilter(nn.Module):
-    """A long filter h (L, C) given implicitly by an MLP of position, with exponential decay.
+    """Hyena's long filter h (L, C), given implicitly by an MLP of position, with decay.
 
-    z(t) = [t / (l_max - 1), cos(f_j w_t), -sin(f_j w_t)], w_t = 2 pi t / l_max, bands
-    f_j = linspace(1e-4, bands - 1, bands), bands = (emb_dim - 1) // 2;
-    h(t) = MLP(z(t)) * exp(-|delta_c| t / (l_max - 1)), with the decay rates delta_c spread
-    linearly between log(target) / slow_decay_pct and log(target) / fast_decay_pct over the
-    channels. The MLP is Linear(emb_dim, order), Sin, `num_inner_mlps` x (Linear(order,
-    order), Sin), Linear(order, C, no bias); one Sin module (one set of frequencies) is shared
-    by all its activations, as in Hyena. z and the decay rates are fixed buffers.
+    h(t) = MLP(z(t)) * exp(-|delta_c| t / (l_max - 1)), with z from `positional_encoding` (a
+    trained parameter) and decay rates delta_c spread linearly between log(target) /
+    slow_decay_pct and log(target) / fast_decay_pct over the channels (a fixed buffer). The MLP
+    is Linear(emb_dim, order), Sin, `num_inner_mlps` x (Linear(order, order), Sin),
+    Linear(order, C, no bias); one Sin module (one set of frequencies) is shared by all its
+    activations, as in Hyena.
 
     Args:
         channels: C.
-        l_max: longest sequence; the encoding is laid out for this length.
+        l_max: the sizing length; the encoding is laid out for it and L <= l_max.
         order: MLP width.
         emb_dim: size of z (odd, >= 3).
         num_inner_mlps: hidden Linear+Sin layers after the first.
@@ -103,16 +121,9 @@ class ImplicitFilter(nn.Module):
         target: float = 1e-2,
     ) -> None:
         super().__init__()
-        if emb_dim < 3 or emb_dim % 2 == 0:
-            raise ValueError(f"emb_dim must be odd and >= 3, got {emb_dim}")
         self.channels, self.l_max, self.order = channels, l_max, order
-        t = torch.linspace(0, 1, l_max)[:, None]  # (L, 1)
-        bands = (emb_dim - 1) // 2
-        w = 2 * math.pi * torch.arange(l_max, dtype=torch.float32)[:, None] / l_max
-        f = torch.linspace(1e-4, bands - 1, bands)[None, :]
-        z = torch.cat([t, torch.cos(f * w), -torch.sin(f * w)], dim=-1)  # (L, emb_dim)
-        self.register_buffer("z", z, persistent=False)
-        self.register_buffer("t", t, persistent=False)
+        self.z = nn.Parameter(positional_encoding(l_max, emb_dim))
+        self.register_buffer("t", torch.linspace(0, 1, l_max)[:, None], persistent=False)
         max_decay = math.log(target) / fast_decay_pct
         min_decay = math.log(target) / slow_decay_pct
         self.register_buffer(
@@ -127,6 +138,7 @@ class ImplicitFilter(nn.Module):
 
     def forward(self, length: int) -> torch.Tensor:
         """The filter's first `length` taps, (length, C), length <= l_max."""
+        _check_length(length, self.l_max)
         h = self.implicit_filter(self.z[:length])
         return h * torch.exp(-self.t[:length] * self.deltas.abs())
 
@@ -134,18 +146,33 @@ class ImplicitFilter(nn.Module):
 class ImplicitLongConvolution(nn.Module):
     """Causal long convolution with an implicit filter, plus the identity: y = h * u + u.
 
-    zoology's `ImplicitLongConvolution` (the long conv of BaseConv), filter MLP width 16.
+    zoology's `ImplicitLongConvolution` (the long conv of BaseConv): h(t) = MLP(z(t)) with
+    MLP = Linear(emb_dim, order), ReLU, Linear(order, C), z from `positional_encoding` (a
+    trained parameter), no decay window.
 
     Args:
-        d_model: channels.
-        l_max: longest sequence.
+        d_model: channels C.
+        l_max: the sizing length; the encoding is laid out for it and L <= l_max.
         order: filter MLP width.
+        emb_dim: size of z (odd, >= 3).
     """
 
-    def __init__(self, d_model: int, l_max: int, order: int = 16) -> None:
+    def __init__(self, d_model: int, l_max: int, order: int = 16, emb_dim: int = 3) -> None:
         super().__init__()
-        self.filter = ImplicitFilter(d_model, l_max, order=order)
+        self.l_max = l_max
+        self.z = nn.Parameter(positional_encoding(l_max, emb_dim))
+        self.mlp = nn.Sequential(nn.Linear(emb_dim, order), nn.ReLU(), nn.Linear(order, d_model))
+
+    def filter(self, length: int) -> torch.Tensor:
+        """The filter's first `length` taps, (length, C)."""
+        _check_length(length, self.l_max)
+        return self.mlp(self.z[:length])
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         """u: (B, L, C) -> (B, L, C)."""
         return long_causal_conv(u, self.filter(u.shape[1])) + u
+
+
+def _check_length(length: int, l_max: int) -> None:
+    if length > l_max:
+        raise ValueError(f"sequence length {length} exceeds the filter's l_max={l_max}")

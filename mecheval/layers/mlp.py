@@ -1,4 +1,5 @@
-"""The feed-forward block of a Transformer block: Linear, GELU, Linear, no biases."""
+"""The feed-forward block of a Transformer block: Linear, GELU, Linear, with biases (zoology's
+`MLP`)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,14 @@ class MLP(nn.Module):
 
     def __init__(self, d_model: int, hidden_mult: int = 4) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(d_model, hidden_mult * d_model, bias=False)
-        self.fc2 = nn.Linear(hidden_mult * d_model, d_model, bias=False)
+        self.fc1 = nn.Linear(
+            d_model,
+            hidden_mult * d_model,
+        )
+        self.fc2 = nn.Linear(
+            hidden_mult * d_model,
+            d_model,
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, L, d_model) -> (B, L, d_model)."""

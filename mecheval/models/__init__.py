@@ -1,4 +1,5 @@
-"""The study's models (SPEC section 3), built from a typed config, with named intervention sites.
+"""The study's models (docs/study.md, "Models"), built from a typed config, with named
+intervention sites.
 
 model = build_model("mamba", vocab_size=8195, d_model=64, max_len=37)
 logits = model(tokens)                                   # (B, L) -> (B, L, V)
@@ -34,7 +35,7 @@ def build_model(
 ) -> LanguageModel:
     """`build_model_from_config(ModelConfig(arch, vocab_size, d_model, n_layers, max_len=...,
     **options))`; an unknown option raises ValueError naming it (options: see ModelConfig)."""
-    valid = (*OPTIONS, "init")
+    valid = (*OPTIONS, "init", "l_max")
     unknown = sorted(set(options) - set(valid))
     if unknown:
         raise ValueError(

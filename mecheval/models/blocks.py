@@ -34,6 +34,7 @@ from mecheval.models.config import ModelConfig
 
 class TransformerBlock(nn.Module):
     """Pre-LayerNorm block: x + mixer(LN(x)), then + MLP(LN(.)) with hidden 4 d and GELU.
+    LayerNorms and MLP have biases, as zoology's TransformerBlock.
 
     Args:
         d_model: residual width.
@@ -43,11 +44,11 @@ class TransformerBlock(nn.Module):
     def __init__(self, d_model: int, mixer: nn.Module) -> None:
         super().__init__()
         self.block_input = Site("block_input")
-        self.norm1 = nn.LayerNorm(d_model, bias=False)
+        self.norm1 = nn.LayerNorm(d_model)
         self.mixer_input = Site("mixer_input")
         self.mixer = mixer
         self.mixer_output = Site("mixer_output")
-        self.norm2 = nn.LayerNorm(d_model, bias=False)
+        self.norm2 = nn.LayerNorm(d_model)
         self.mlp_input = Site("mlp_input")
         self.mlp = MLP(d_model, hidden_mult=4)
         self.mlp_output = Site("mlp_output")
@@ -88,7 +89,7 @@ class MambaBlock(nn.Module):
 
 
 def build_mixer(config: ModelConfig, layer_idx: int) -> nn.Module:
-    """The sequence mixer of layer `layer_idx` for `config` (SPEC section 3).
+    """The sequence mixer of layer `layer_idx` for `config` (docs/study.md, "Models").
 
     base_conv alternates a short conv (even layers) and an implicit long conv (odd layers);
     based alternates a BaseConv short conv (even) and Based linear attention (odd), as zoology
@@ -99,16 +100,16 @@ def build_mixer(config: ModelConfig, layer_idx: int) -> nn.Module:
         return CausalSelfAttention(d, num_heads=o("num_heads"))
     if arch == "base_conv":
         width = o("d_conv") if layer_idx % 2 == 0 else -1
-        return BaseConv(d, config.max_len, kernel_size=width, filter_order=o("filter_order"))
+        return BaseConv(d, config.l_max, kernel_size=width, filter_order=o("filter_order"))
     if arch == "based":
         if layer_idx % 2 == 0:
-            return BaseConv(d, config.max_len, kernel_size=o("d_conv"))
+            return BaseConv(d, config.l_max, kernel_size=o("d_conv"))
         return BasedLinearAttention(d, feature_dim=o("feature_dim"), num_heads=o("num_heads"))
     if arch == "h3":
         return H3(d, d_state=o("d_state"), head_dim=o("head_dim"))
     if arch == "hyena":
         return Hyena(
-            d, config.max_len, filter_order=o("filter_order"), short_filter_order=o("d_conv")
+            d, config.l_max, filter_order=o("filter_order"), short_filter_order=o("d_conv")
         )
     if arch in ("mamba", "mamba_noconv"):
         return Mamba(

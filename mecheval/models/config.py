@@ -2,8 +2,8 @@
 
 Fields are plain (str / int / bool / None) so that `dataclasses.asdict(config)` round-trips
 through YAML and `ModelConfig(**d)` rebuilds the same model. Options left None take the
-architecture's default (SPEC section 3); options that do not apply to the architecture must
-stay None, and setting one is an error that names it.
+architecture's default (docs/study.md, "Models"); options that do not apply to the architecture
+must stay None, and setting one is an error that names it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ ARCHITECTURES: tuple[str, ...] = (
 )
 
 # Architecture -> {option: default}. An option absent here does not apply to the architecture.
-# d_state None for h3 means "max_len" (the study sets H3's state size to the sequence length).
+# d_state None for h3 means "l_max" (the study sets H3's state size to its sizing length).
 _DEFAULTS: dict[str, dict[str, object]] = {
     "attention": {"position_embeddings": True, "num_heads": 1},
     "base_conv": {"position_embeddings": False, "d_conv": 3, "filter_order": 16},
@@ -41,6 +41,12 @@ _DEFAULTS: dict[str, dict[str, object]] = {
 # mamba-ssm's CUDA conv stops there); elsewhere the kernel's range 1..8.
 _D_CONV_RANGE = {"mamba": (1, 4)}
 _DEFAULT_D_CONV_RANGE = (1, 8)
+
+# The study builds every model with n_positions = 1024 and sizes long filters and H3's state
+# from it, whatever the document length.
+STUDY_L_MAX = 1024
+# Architectures whose layers are laid out for l_max (sequences may not exceed it).
+_SIZED_BY_L_MAX = ("base_conv", "h3", "hyena")
 
 INIT_SCHEMES = ("study", "pytorch")
 
@@ -65,10 +71,13 @@ class ModelConfig:
         vocab_size: tokens; the embedding is tied to the output head.
         d_model: width of the residual stream.
         n_layers: blocks.
-        max_len: longest sequence the model accepts (position embeddings, long filters and
-            H3's default state size are laid out for it).
+        max_len: longest sequence the model accepts; the position embeddings have max_len rows.
+        l_max: the sizing length (the study's n_positions, 1024): Hyena's and BaseConv's
+            implicit filters are laid out for it (their positional encoding advances by
+            1 / (l_max - 1) per token) and H3's state size defaults to it, whatever the
+            document length. Must be >= max_len for base_conv, h3 and hyena.
         position_embeddings: learned absolute position embeddings (default: attention only).
-        d_state: SSM state size: mamba (16), h3 (max_len).
+        d_state: SSM state size: mamba (16), h3 (l_max).
         d_conv: short conv width: mamba (4; 1..4), deltanet (4), base_conv / based layer-0
             short conv (3), hyena short filter (3).
         expand: mamba's d_inner / d_model (2).
@@ -90,6 +99,7 @@ class ModelConfig:
     n_layers: int = 2
     _: KW_ONLY
     max_len: int
+    l_max: int = STUDY_L_MAX
     position_embeddings: bool | None = None
     d_state: int | None = None
     d_conv: int | None = None
@@ -105,8 +115,13 @@ class ModelConfig:
             raise ValueError(f"unknown arch {self.arch!r}; expected one of {ARCHITECTURES}")
         if self.init not in INIT_SCHEMES:
             raise ValueError(f"unknown init {self.init!r}; expected one of {INIT_SCHEMES}")
-        for name in ("vocab_size", "d_model", "n_layers", "max_len"):
+        for name in ("vocab_size", "d_model", "n_layers", "max_len", "l_max"):
             _check_int(name, getattr(self, name), minimum=1)
+        if self.arch in _SIZED_BY_L_MAX and self.l_max < self.max_len:
+            raise ValueError(
+                f"l_max ({self.l_max}) must be >= max_len ({self.max_len}) for arch "
+                f"{self.arch!r}: its long filters are laid out for l_max positions"
+            )
         defaults = _DEFAULTS[self.arch]
         not_applicable = [
             name for name in OPTIONS if getattr(self, name) is not None and name not in defaults
@@ -142,7 +157,7 @@ class ModelConfig:
         if value is not None:
             return value
         if self.arch == "h3" and name == "d_state":
-            return self.max_len
+            return self.l_max
         return _DEFAULTS[self.arch].get(name)
 
     def resolved(self) -> dict[str, object]:

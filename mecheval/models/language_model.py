@@ -23,14 +23,11 @@ from mecheval.layers import Site, SitePlan, StateSite
 from mecheval.models.blocks import build_block
 from mecheval.models.config import ModelConfig
 
-# Output projections that write into the residual stream: GPT-2 scales their initial weights.
-_RESIDUAL_OUTPUTS = (
-    "out_proj.weight",
-    "fc2.weight",
-    "o_proj.weight",
-    "proj_o.weight",
-    "output_linear.weight",
-)
+# zoology's init scales the initial weights of these residual-stream outputs (GPT-2 style), by
+# parameter name: attention's and Hyena's (and Mamba's) out_proj and the MLP's fc2. Outputs
+# named otherwise (Based's proj_o, H3's output_linear, DeltaNet's o_proj) keep N(0, 0.02), as
+# in the study.
+_RESIDUAL_OUTPUTS = ("out_proj.weight", "fc2.weight")
 INITIALIZER_RANGE = 0.02
 
 
@@ -46,7 +43,7 @@ class InterventionRecord(dict):
 
 class LanguageModel(nn.Module):
     """A model of the study: token embedding (tied to the output head), optional learned
-    position embeddings, `config.n_layers` blocks, final LayerNorm.
+    position embeddings, `config.n_layers` blocks, final LayerNorm (with bias).
 
     Args:
         config: the validated `ModelConfig`.
@@ -62,7 +59,7 @@ class LanguageModel(nn.Module):
         else:
             self.position_embedding = None
         self.layers = nn.ModuleList(build_block(config, i) for i in range(config.n_layers))
-        self.norm_f = nn.LayerNorm(d, bias=False)
+        self.norm_f = nn.LayerNorm(d)
         if config.init == "study":
             self._init_weights()
         self._sites = self._collect_sites()
@@ -251,10 +248,11 @@ class LanguageModel(nn.Module):
         """GPT-2 / zoology scheme for most models; mamba-ssm's LM scheme for Mamba models.
 
         Default: every Linear weight ~ N(0, 0.02) (zoology's init, filter MLPs included),
-        Linear biases 0, embeddings ~ N(0, 0.02), residual output projections ~ N(0, 0.02 /
-        sqrt(2 n_layers)); convolutions and SSM parameters keep their layers' own inits.
-        Mamba models: embeddings ~ N(0, 0.02), out_proj ~ kaiming-uniform / sqrt(n_layers),
-        every other Mamba parameter keeps mamba-ssm's layer init (dt, A_log, D included).
+        Linear biases 0, embeddings ~ N(0, 0.02), out_proj and fc2 weights ~ N(0, 0.02 /
+        sqrt(2 n_layers)); convolutions, norms and SSM parameters keep their layers' own inits.
+        Mamba models (the study's MambaBlock init): embeddings ~ N(0, 0.02), Linear biases 0
+        except mamba-ssm's `_no_reinit` dt bias, Linear weights at PyTorch's default, out_proj
+        ~ kaiming-uniform / sqrt(n_layers); A_log, D and dt keep mamba-ssm's layer init.
         """
         n_layers = self.config.n_layers
         mamba = self.config.arch in ("mamba", "mamba_noconv")
