@@ -1,6 +1,7 @@
-"""The training config: one typed dataclass whose defaults are the study's recipe (SPEC
-section 4): AdamW (0.9, 0.999, eps 1e-8, no weight decay), 10% linear warm-up then cosine
-decay to 0, batch 32, 16 epochs over the fixed 100,032-document AR training set, seed 42.
+"""The training config: one typed dataclass whose defaults are the study's recipe
+(docs/study.md, "Training"): AdamW (0.9, 0.999, eps 1e-8, no weight decay), warm-up from 0
+over int(0.1 T) steps then cosine decay to 0 (linear for the generalisation grids), batch 32,
+16 epochs over the fixed 100,032-document AR training set, fp32, seed 42.
 
 Load with `load_train_config(path, overrides)`; short aliases (`arch=mamba lr=1e-3`) expand to
 their dotted keys (`model.arch`, `optim.lr`).
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from mecheval.config import ConfigError, load_config, to_dict
+from mecheval.train.schedule import Schedule
 
 ALIASES = {
     "task": "task.name",
@@ -54,6 +56,7 @@ class OptimSection:
     eps: float = 1e-8
     weight_decay: float = 0.0
     warmup_fraction: float = 0.1
+    schedule: Schedule = "cosine"
 
 
 @dataclass
@@ -66,7 +69,8 @@ class TrainConfig:
         reports dev and test.
     device: "auto" (CUDA if present), "cpu", "cuda", "cuda:1", ...
     backend: kernel backend, "auto" | "triton" | "torch" (see kernels.backend).
-    precision: "auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32" or "bf16".
+    precision: "fp32" (the study's) or "bf16" (autocast, an explicit speed option on GPUs);
+        the result records it.
     compile: torch.compile the model.
     keep_checkpoints: how many of the most recent checkpoints to keep on disk.
     """
@@ -85,7 +89,7 @@ class TrainConfig:
     seed: int = 42
     device: str = "auto"
     backend: Literal["auto", "triton", "torch"] = "auto"
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    precision: Literal["fp32", "bf16"] = "fp32"
     compile: bool = False
     progress: bool = True
 

@@ -76,10 +76,7 @@ def answer_logits(
 
 
 def _autocast(config: TrainConfig, device: torch.device):
-    precision = config.precision
-    if precision == "auto":
-        precision = "bf16" if device.type == "cuda" else "fp32"
-    if precision == "bf16":
+    if config.precision == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -183,7 +180,9 @@ def _train(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
     )
     with open(metrics_path, "a") as log:
         for step in range(start_step, total):
-            lr = learning_rate(step, total, config.optim.lr, config.optim.warmup_fraction)
+            lr = learning_rate(
+                step, total, config.optim.lr, config.optim.warmup_fraction, config.optim.schedule
+            )
             for group in optimizer.param_groups:
                 group["lr"] = lr
             first = (step * config.batch_size) % num_docs
@@ -239,6 +238,7 @@ def _train(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
         "wall_time_s": round(elapsed + time.perf_counter() - started, 3),
         "checkpoint": str(final_ckpt) if final_ckpt else None,
         "device": str(device),
+        "precision": config.precision,
     }
     atomic_write_json(run_dir / RESULT, result)
     return result
