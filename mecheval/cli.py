@@ -4,7 +4,7 @@ everything here can be done from Python too.
     mecheval train [--config FILE] [--out DIR] [key=value ...]
     mecheval sweep FILE [--out DIR] [--backend local|ray] [--workers N] [--retries N]
                         [--address ADDR] [--dry-run] [key=value ...]
-    mecheval data stats [--task ar|atr] [--n N] [key=value ...]
+    mecheval data stats [--task ar|atr] [--n N] [--grammar-seeds K] [key=value ...]
     mecheval evaluate RUN_DIR|SWEEP_DIR [--device cpu] [--split dev]
     mecheval report DIR [--out DIR]
     mecheval run [CONFIG] [--out DIR] [key=value ...]
@@ -62,9 +62,15 @@ def _cmd_data_stats(args: argparse.Namespace) -> int:
     from mecheval.config import parse_overrides
     from mecheval.tasks import make_task, stats_table
 
-    options = parse_overrides(args.overrides)
-    tasks = [make_task(name, **options) for name in args.task]
-    print(stats_table(tasks, n=args.n, seed=args.seed))
+    # `--task atr max_rhs_len=5`: nargs="+" also takes the overrides that follow the names.
+    names = [item for item in args.task if "=" not in item]
+    overrides = [item for item in args.task if "=" in item] + list(args.overrides)
+    unknown = sorted(set(names) - {"ar", "atr"})
+    if unknown or not names:
+        raise ConfigError(f"--task takes 'ar' and/or 'atr', got {args.task}")
+    options = parse_overrides(overrides)
+    tasks = [make_task(name, **options) for name in names]
+    print(stats_table(tasks, n=args.n, seed=args.seed, grammar_seeds=args.grammar_seeds))
     return 0
 
 
@@ -126,9 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
         dest="data_command", required=True
     )
     p = data.add_parser("stats", help="document length and distance statistics")
-    p.add_argument("--task", nargs="+", default=["ar"], choices=["ar", "atr"])
+    p.add_argument("--task", nargs="+", default=["ar"], help="ar and/or atr")
     p.add_argument("--n", type=int, default=2000, help="documents sampled per task")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--grammar-seeds",
+        type=int,
+        default=8,
+        help="ATR: also show the mean and spread of per-grammar means over this many grammar "
+        "seeds, from the task's seed on (0: off)",
+    )
     p.add_argument("overrides", nargs="*", help="task options as key=value")
     p.set_defaults(func=_cmd_data_stats)
 

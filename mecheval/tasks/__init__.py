@@ -18,7 +18,7 @@ from mecheval.tasks.associative_recall import AssociativeRecall
 from mecheval.tasks.associative_treecall import AssociativeTreecall, TreeAnnotations
 from mecheval.tasks.base import DATASET_SEED, DATASET_SIZES, SPLITS, Task
 from mecheval.tasks.batch import POSITION_NAMES, Batch, concat_batches
-from mecheval.tasks.stats import stats_table, task_stats
+from mecheval.tasks.stats import across_grammar_seeds, stats_table, task_stats
 
 TASKS: dict[str, type[Task]] = {"ar": AssociativeRecall, "atr": AssociativeTreecall}
 
@@ -27,9 +27,9 @@ def make_task(name: str, **options: Any) -> Task:
     """Build a task by name with typed, validated options.
 
     Args:
-        name: "ar" (options: num_pairs, num_keys, query, holdout) or "atr" (options:
-            max_rhs_len, num_terminals, terminal_factor, num_nonterminals, max_depth,
-            max_rules, holdout, seed, max_length).
+        name: "ar" (options: num_pairs, num_keys, query, holdout, corruption_range) or "atr"
+            (options: max_rhs_len, num_terminals, terminal_factor, num_nonterminals,
+            max_depth, max_rules, holdout, seed, max_length).
         **options: the task's options; `make_task(name, **task.config())` rebuilds `task`.
 
     Raises:
@@ -57,6 +57,7 @@ __all__ = [
     "Batch",
     "Task",
     "TreeAnnotations",
+    "across_grammar_seeds",
     "concat_batches",
     "make_task",
     "stats_table",

@@ -11,10 +11,20 @@ the query is one of the keys, chosen uniformly, and the answer its value; with
 
 Named positions (both query modes): `key = 1 + 2j` and `value = 2 + 2j` for the queried pair
 `j` (so for value-first queries `value` holds the in-context copy of the query), `divider =
-2P + 1`, `query = 2P + 2`, `answer = 2P + 3`. Corrupting `"key"` draws a replacement from the
-key ids and corrupting `"value"` from the value ids, so the document keeps its key/value
-alternation. A replacement differs from the original token but may equal another token of the
-document (probability (P-1)/(K-1)), as the SPEC's "uniform over the key range" implies.
+2P + 1`, `query = 2P + 2`, `answer = 2P + 3`.
+
+Corruption (`corruption_range`, an option that changes no document):
+
+- `"query"` (the default, the study's): both positions draw their replacement from the ids of
+  the query's kind, the key ids for `query="key"` and the value ids for `query="value"`. The
+  study's interchange evaluation draws every corrupting token from one id range, keys
+  `3 .. 3+K-1` for key queries, whatever the position; so a corrupted value is a key token (and
+  the document loses its key/value alternation there).
+- `"own"`: each position draws from the ids of its own kind (key ids at `key`, value ids at
+  `value`), so the document keeps its key/value alternation.
+
+A replacement never equals the original token (when the range holds it) but may equal another
+token of the document, e.g. with probability (P-1)/(K-1) for a key replacing a key.
 
 Held-out pairs (`holdout = h > 0`): a `PairHoldout` over (key, value) pairs marks about a
 fraction h of the K*K pairs. Train and dev documents contain no held-out pair at all; a test
@@ -86,13 +96,18 @@ class AssociativeRecall(Task):
         num_keys: number of key ids, and of value ids (4096 in the study).
         query: "key" (query a key, answer its value) or "value" (the value-first variant).
         holdout: fraction of (key, value) pairs held out from train and dev, queried in test.
+        corruption_range: "query" (the study's: corruptions at both positions draw from the
+            ids of the query's kind) or "own" (each position from the ids of its own kind);
+            see the module docstring. It changes no document (not part of `key()`).
     """
 
     num_pairs: int = 16
     num_keys: int = 4096
     query: Literal["key", "value"] = "key"
     holdout: float = 0.0
+    corruption_range: Literal["query", "own"] = "query"
     name = "ar"
+    corruption_options = ("corruption_range",)
     _pairs_held_out: PairHoldout | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -105,6 +120,10 @@ class AssociativeRecall(Task):
             )
         if self.query not in ("key", "value"):
             raise ValueError(f"option 'query' must be 'key' or 'value', got {self.query!r}")
+        if self.corruption_range not in ("query", "own"):
+            raise ValueError(
+                f"option 'corruption_range' must be 'query' or 'own', got {self.corruption_range!r}"
+            )
         self._set_option("holdout", check_fraction("holdout", self.holdout))
         held_out = None
         if self.holdout > 0:
@@ -153,12 +172,21 @@ class AssociativeRecall(Task):
             return f"v{token - self.first_value}"
         raise ValueError(f"token id {token} is not in the AR vocabulary (size {self.vocab_size})")
 
-    def replacement_range(self, at: str) -> tuple[int, int]:
+    def token_range(self, at: str) -> tuple[int, int]:
+        """Key ids at `key`, value ids at `value` (either query mode)."""
         if at == "key":
             return self.first_key, self.first_value
         if at == "value":
             return self.first_value, self.vocab_size
         raise ValueError(f"at must be 'key' or 'value', got {at!r}")
+
+    def replacement_range(self, at: str) -> tuple[int, int]:
+        """With `corruption_range="query"` the ids of the query's kind at both positions (key
+        ids `[3, 3+K)` for `query="key"`); with `"own"` the ids of the position's own kind."""
+        own = self.token_range(at)
+        if self.corruption_range == "own":
+            return own
+        return self.token_range(self.query)
 
     # ---- generation ----------------------------------------------------------------------
 

@@ -7,8 +7,10 @@ Document (n terminals, 3 <= n <= max_length):
 
 Token ids: terminals `3 .. 3+T-1`, then three reserved query-type ids `3+T .. 3+T+2` (unused by
 parent queries), vocabulary `T + 6`. The grammar (see `grammar.py`) is drawn once from the
-task's `seed`; sentences are drawn from it (see `tree_sampler.py`), and a sentence is redrawn
-when it is shorter than 3, longer than `max_length`, or has no eligible query.
+task's `seed`; sentences are drawn from it (see `tree_sampler.py`), each from a start
+nonterminal drawn uniformly among all nonterminals anew for every sentence (as the study's
+generator does), and a sentence is redrawn (start symbol included) when it is shorter than 3,
+longer than `max_length`, or has no eligible query.
 
 Query: an eligible child is a token that has a parent and is the rightmost occurrence of its
 terminal in the sentence. The parent position (the target) is drawn uniformly among positions
@@ -101,6 +103,8 @@ class AssociativeTreecall(Task):
     seed: int = 0
     max_length: int = 1024
     name = "atr"
+    generator_version = 2
+    """2: each sentence draws its own start nonterminal (1: one start symbol per grammar)."""
     _pairs_held_out: PairHoldout | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -188,10 +192,14 @@ class AssociativeTreecall(Task):
             return f"q{token - self.first_terminal - self.num_terminals}"
         raise ValueError(f"token id {token} is not in the ATR vocabulary (size {self.vocab_size})")
 
-    def replacement_range(self, at: str) -> tuple[int, int]:
+    def token_range(self, at: str) -> tuple[int, int]:
         if at not in ("key", "value"):
             raise ValueError(f"at must be 'key' or 'value', got {at!r}")
         return self.first_terminal, self.first_terminal + self.num_terminals
+
+    def replacement_range(self, at: str) -> tuple[int, int]:
+        """The terminal ids at both positions (the study draws any terminal but the original)."""
+        return self.token_range(at)
 
     # ---- generation ----------------------------------------------------------------------
 

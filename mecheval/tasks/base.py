@@ -2,12 +2,15 @@
 sampling, counterfactual corruption, fixed datasets and readable printing.
 
 A concrete task is a frozen dataclass whose fields are its options (so it is hashable and
-its configuration is a plain dict); it implements `vocab_size`, `token_name`,
-`replacement_range` and `_generate`.
+its configuration is a plain dict); it implements `vocab_size`, `token_name`, `token_range`,
+`replacement_range` and `_generate`. Options named in `corruption_options` only change how
+`corrupt` draws replacements, never the documents: they are part of `config()` and `label()`
+but not of the data identity (`key()`, the seeded streams, the dataset cache).
 
 Randomness: every document stream is drawn from NumPy's PCG64 seeded by a `SeedSequence` of
-(digest of the task configuration, the caller's seed, the split, a block counter), so data are
-a pure function of `(task configuration, seed, split)`; see `task_rng`.
+(digest of the task's `data_config()` and generator version, the caller's seed, the split, a
+block counter), so data are a pure function of `(task configuration, seed, split)`; see
+`task_rng`.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ DATASET_SIZES: dict[str, int] = {"train": 100_032, "dev": 320, "test": 320}
 DATASET_SEED = 0
 """Seed of the fixed datasets: `task.dataset(split, size)` equals `task.sample(size, 0, split)`."""
 GENERATOR_VERSION = 1
-"""Bumped whenever generation changes, so cached datasets of an older generator are not reused."""
+"""The default generator version of a task (`Task.generator_version`). A task bumps its own
+version whenever its generation changes, so cached datasets of an older generator are not
+reused (the version is part of the data identity, hence of the seeded streams)."""
 
 # Stream ids that follow the split ids 0..2 in the seed sequence.
 _CORRUPT_STREAM = {"key": 3, "value": 4}
@@ -71,6 +76,9 @@ class Task(ABC):
     BOS: ClassVar[int] = 1
     EOS: ClassVar[int] = 2
     name: ClassVar[str]
+    generator_version: ClassVar[int] = GENERATOR_VERSION
+    corruption_options: ClassVar[tuple[str, ...]] = ()
+    """Options that only affect `corrupt` (left out of the data identity)."""
 
     # ---- configuration -------------------------------------------------------------------
 
@@ -86,9 +94,17 @@ class Task(ABC):
     def _option_fields(self) -> list[dataclasses.Field]:
         return [field for field in dataclasses.fields(self) if field.init]
 
+    def data_config(self) -> dict[str, Any]:
+        """`config()` without the `corruption_options`: the options that decide the documents."""
+        config = self.config()
+        return {
+            name: value for name, value in config.items() if name not in self.corruption_options
+        }
+
     def key(self) -> str:
-        """A stable identifier of the task configuration (and generator version), e.g.
-        `"ar-3f2a...`"; equal configurations give equal keys across runs and machines."""
+        """A stable identifier of the task's documents (its `data_config()` and generator
+        version), e.g. `"ar-3f2a...`"; equal configurations give equal keys across runs and
+        machines."""
         return f"{self.name}-{self._digest().hex()[:20]}"
 
     def label(self) -> str:
@@ -105,7 +121,11 @@ class Task(ABC):
         return option.default
 
     def _digest(self) -> bytes:
-        payload = {"task": self.name, "config": self.config(), "generator": GENERATOR_VERSION}
+        payload = {
+            "task": self.name,
+            "config": self.data_config(),
+            "generator": self.generator_version,
+        }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).digest()
 
     def task_rng(self, seed: int, stream: int, block: int = 0) -> np.random.Generator:
@@ -178,12 +198,31 @@ class Task(ABC):
     # ---- counterfactuals -----------------------------------------------------------------
 
     @abstractmethod
+    def token_range(self, at: str) -> tuple[int, int]:
+        """`[low, high)`: the ids this task's documents hold at position `at` ("key"/"value")."""
+
+    @abstractmethod
     def replacement_range(self, at: str) -> tuple[int, int]:
         """`[low, high)`: the ids a corruption at position `at` ("key"/"value") draws from."""
 
+    def corruption_metadata(self, at: str) -> dict[str, Any]:
+        """How `corrupt(batch, at, seed)` draws, for tables and reports: the position, the
+        task's corruption options (e.g. AR's `corruption_range`) and the replacement id range.
+
+        Returns:
+            `{"at": at, <corruption option>: value, ..., "replacement_low": low,
+            "replacement_high": high}` (high exclusive).
+        """
+        if at not in _CORRUPT_STREAM:
+            raise ValueError(f"at must be 'key' or 'value', got {at!r}")
+        low, high = self.replacement_range(at)
+        options = {name: getattr(self, name) for name in self.corruption_options}
+        return {"at": at, **options, "replacement_low": low, "replacement_high": high}
+
     def corrupt(self, batch: Batch, at: Literal["key", "value"], seed: int) -> torch.Tensor:
         """Counterfactual documents: the token at position `at` of each document replaced by a
-        different token drawn uniformly from `replacement_range(at)`; all else unchanged.
+        token drawn uniformly from `replacement_range(at)`, other than the original token when
+        that range holds it; all else unchanged.
 
         Args:
             batch: documents of this task.
@@ -196,14 +235,26 @@ class Task(ABC):
         if at not in _CORRUPT_STREAM:
             raise ValueError(f"at must be 'key' or 'value', got {at!r}")
         check_int("seed", seed, 0)
+        own_low, own_high = self.token_range(at)
         low, high = self.replacement_range(at)
         rows = torch.arange(len(batch), device=batch.device)
         columns = batch.positions[at]
         original = batch.tokens[rows, columns].cpu().numpy()
-        if ((original < low) | (original >= high)).any():
-            raise ValueError(f"tokens at {at!r} fall outside [{low}, {high}): not this task's")
-        draw = self.task_rng(seed, _CORRUPT_STREAM[at]).integers(low, high - 1, size=len(batch))
-        replacement = draw + (draw >= original)  # skips the original id: uniform over the rest
+        if ((original < own_low) | (original >= own_high)).any():
+            raise ValueError(
+                f"tokens at {at!r} fall outside [{own_low}, {own_high}): not this task's"
+            )
+        inside = (original >= low) & (original < high)
+        rng = self.task_rng(seed, _CORRUPT_STREAM[at])
+        if inside.all():
+            draw = rng.integers(low, high - 1, size=len(batch))
+            replacement = draw + (draw >= original)  # skips the original: uniform over the rest
+        elif not inside.any():
+            replacement = rng.integers(low, high, size=len(batch))  # nothing to skip
+        else:
+            draw = rng.integers(low, high - 1, size=len(batch))
+            replacement = np.where(inside, draw + (draw >= original), 0)
+            replacement[~inside] = rng.integers(low, high, size=int((~inside).sum()))
         corrupted = batch.tokens.clone()
         corrupted[rows, columns] = torch.from_numpy(replacement).to(batch.device)
         return corrupted
@@ -230,11 +281,11 @@ class Task(ABC):
         path = root / "tasks" / f"{self.key()}-{split}-{size}.safetensors"
         metadata = {
             "task": self.name,
-            "config": json.dumps(self.config(), sort_keys=True),
+            "config": json.dumps(self.data_config(), sort_keys=True),
             "split": split,
             "size": str(size),
             "seed": str(DATASET_SEED),
-            "generator_version": str(GENERATOR_VERSION),
+            "generator_version": str(self.generator_version),
             "format": CACHE_FORMAT,
         }
         loaded = load_batch(path)

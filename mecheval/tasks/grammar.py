@@ -10,8 +10,11 @@
   nonterminal has weight 1 and one terminal slot weight r (the slot then holds a uniformly
   random terminal); without r, uniform over the allowed nonterminals and all terminals;
 - rule probabilities of a nonterminal ~ Dirichlet(1), its head distribution over terminals
-  ~ Dirichlet(1);
-- the start symbol is one uniformly random nonterminal, fixed for the grammar.
+  ~ Dirichlet(1).
+
+The grammar has no fixed start symbol: as in the study's generator (its start distribution is
+uniform over the nonterminals and is sampled anew for every sentence), the sampler draws each
+sentence's start nonterminal uniformly (see `tree_sampler.py`).
 
 The grammar is stored as flat arrays (rules grouped by owner, bodies concatenated) so that the
 vectorised sampler can index it; `rules_of` gives the readable view.
@@ -31,7 +34,6 @@ class Grammar:
     Attributes:
         num_terminals: T; terminals are numbered `0..T-1` (token id = 3 + terminal).
         depth_scores: `(N,)` int64, each in `1..max_depth`.
-        start: the start nonterminal.
         rule_owner: `(R,)` int64, the nonterminal a rule rewrites; rules are grouped by owner.
         rule_first: `(N + 1,)` int64, the rules of X are `rule_first[X]:rule_first[X + 1]`.
         rule_probs: `(R,)` float64, summing to 1 over each owner's rules.
@@ -43,7 +45,6 @@ class Grammar:
 
     num_terminals: int
     depth_scores: np.ndarray
-    start: int
     rule_owner: np.ndarray
     rule_first: np.ndarray
     rule_probs: np.ndarray
@@ -124,12 +125,10 @@ def sample_grammar(
             rule_owner.append(owner)
         rule_probs.extend(rng.dirichlet(np.ones(num_rules)))
     head_probs = rng.dirichlet(np.ones(num_terminals), size=num_nonterminals)
-    start = int(rng.integers(0, num_nonterminals))
     owners = np.asarray(rule_owner, dtype=np.int64)
     return Grammar(
         num_terminals=num_terminals,
         depth_scores=depth_scores.astype(np.int64),
-        start=start,
         rule_owner=owners,
         rule_first=np.searchsorted(owners, np.arange(num_nonterminals + 1)).astype(np.int64),
         rule_probs=np.asarray(rule_probs, dtype=np.float64),

@@ -1,13 +1,23 @@
 """Summary statistics of task documents, to compare settings as the study does.
 
 `task_stats` measures one task; `stats_table` renders several side by side (the function
-behind `mecheval data stats`).
+behind `mecheval data stats`). For a task drawn from a random grammar (ATR, whose `seed` option
+is the grammar seed), one grammar is a single draw of a widely varying quantity: mean sentence
+length differs several-fold between grammars. `across_grammar_seeds` therefore measures the
+per-grammar means over several grammar seeds, and `stats_table(..., grammar_seeds=k)` adds
+their mean and spread.
+
+The study logs the same quantities per document (tinylang's PCFG `return_stats`):
+`doc_length` is `sentence_length` here and `query_orig_target_orig_dist` is `key_to_value`
+(in ATR the distance from the queried child to its parent).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from mecheval.tasks.base import Split, Task
@@ -15,16 +25,23 @@ from mecheval.tasks.batch import Batch
 
 QUANTITIES: dict[str, str] = {
     "length": "document length in tokens (BOS ... EOS q a EOS)",
-    "key_to_value": "value position minus key position",
+    "sentence_length": "tokens between BOS and the divider (ATR: the sentence; AR: 2 * pairs)",
+    "key_to_value": "value position minus key position (ATR: queried child-parent distance)",
     "query_to_key": "query position minus key position",
 }
 SUMMARY_FIELDS: tuple[str, ...] = ("mean", "std", "min", "q10", "median", "q90", "max")
+SEED_FIELDS: tuple[str, ...] = ("mean", "std", "min", "max")
+"""Fields of `across_grammar_seeds`: over the per-grammar means (std unbiased)."""
+SEED_QUANTITIES: tuple[str, ...] = ("sentence_length", "key_to_value")
+"""The quantities `stats_table` shows across grammar seeds."""
 
 
 def _quantity(batch: Batch, name: str) -> torch.Tensor:
     positions = batch.positions
     if name == "length":
         return batch.lengths
+    if name == "sentence_length":
+        return positions["divider"] - 1
     if name == "key_to_value":
         return positions["value"] - positions["key"]
     return positions["query"] - positions["key"]
@@ -62,10 +79,74 @@ def task_stats(
     return {name: summarize(_quantity(batch, name)) for name in QUANTITIES}
 
 
-def stats_table(tasks: Sequence[Task], n: int = 4096, seed: int = 0, split: Split = "train") -> str:
+def has_grammar_seed(task: Task) -> bool:
+    """Whether the task draws its documents from a grammar chosen by its `seed` option."""
+    return "seed" in task.data_config()
+
+
+def across_grammar_seeds(
+    task: Task,
+    grammar_seeds: Sequence[int],
+    n: int = 300,
+    seed: int = 0,
+    split: Split = "train",
+) -> dict[str, dict[str, float | list[float]]]:
+    """Per-grammar means of every quantity, and their spread, over several grammar seeds.
+
+    Args:
+        task: a task with a grammar seed (`has_grammar_seed`); its other options are kept.
+        grammar_seeds: the grammar seeds (at least one).
+        n, seed, split: documents sampled from each grammar, as in `task_stats`.
+
+    Returns:
+        `{quantity: {"per_seed": [mean of each grammar], "mean", "std", "min", "max"}}`, the
+        last four over the per-grammar means (std unbiased, 0 for one seed).
+    """
+    if not has_grammar_seed(task):
+        raise ValueError(f"{task.label()} has no grammar seed option")
+    if not grammar_seeds:
+        raise ValueError("across_grammar_seeds needs at least one grammar seed")
+    per_seed: dict[str, list[float]] = {name: [] for name in QUANTITIES}
+    for grammar_seed in grammar_seeds:
+        batch = dataclasses.replace(task, seed=grammar_seed).sample(n, seed, split)
+        for name in QUANTITIES:
+            per_seed[name].append(float(_quantity(batch, name).double().mean()))
+    out: dict[str, dict[str, float | list[float]]] = {}
+    for name, means in per_seed.items():
+        values = np.asarray(means)
+        out[name] = {
+            "per_seed": means,
+            "mean": float(values.mean()),
+            "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
+            "min": float(values.min()),
+            "max": float(values.max()),
+        }
+    return out
+
+
+def _render(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return lines
+
+
+def stats_table(
+    tasks: Sequence[Task],
+    n: int = 4096,
+    seed: int = 0,
+    split: Split = "train",
+    grammar_seeds: int = 0,
+) -> str:
     """A text table of `task_stats` for several tasks, one row per task.
 
-    Each cell reads `mean ± std [q10, median, q90] max`.
+    Each cell reads `mean ± std [q10, median, q90] max`. With `grammar_seeds = k > 0`, tasks
+    with a grammar seed get a second table: for `sentence_length` and `key_to_value`, the mean
+    over the grammar seeds `s .. s+k-1` (s = the task's seed) of the per-grammar means of `n`
+    documents, their standard deviation across grammars, and the lowest and highest grammar.
     """
     header = ["task", *QUANTITIES]
     rows = [header]
@@ -77,11 +158,27 @@ def stats_table(tasks: Sequence[Task], n: int = 4096, seed: int = 0, split: Spli
             for s in (stats[name] for name in QUANTITIES)
         ]
         rows.append([task.label(), *cells])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-        for row in rows
-    ]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    note = f"{n} {split} documents per task, seed {seed}; cells: mean ± std [q10, median, q90] max"
-    return "\n".join([*(line.rstrip() for line in lines), note])
+    lines = _render(rows)
+    lines.append(
+        f"{n} {split} documents per task, seed {seed}; cells: mean ± std [q10, median, q90] max"
+    )
+    seeded = [task for task in tasks if has_grammar_seed(task)] if grammar_seeds > 0 else []
+    if seeded:
+        seed_rows = [["task", "grammar seeds", *SEED_QUANTITIES]]
+        for task in seeded:
+            first = task.data_config()["seed"]
+            spread = across_grammar_seeds(
+                task, range(first, first + grammar_seeds), n=n, seed=seed, split=split
+            )
+            cells = [
+                f"{s['mean']:.2f} ± {s['std']:.2f} [{s['min']:.2f}, {s['max']:.2f}]"
+                for s in (spread[name] for name in SEED_QUANTITIES)
+            ]
+            seeds = f"{first}..{first + grammar_seeds - 1}"
+            seed_rows.append([dataclasses.replace(task, seed=0).label(), seeds, *cells])
+        lines += ["", *_render(seed_rows)]
+        lines.append(
+            f"per grammar seed: mean of {n} {split} documents; cells: mean over grammars ± std "
+            "across grammars [lowest, highest grammar]"
+        )
+    return "\n".join(lines)

@@ -38,7 +38,8 @@ class ReferenceTreeSampler:
 
     def sample(self, rng: random.Random) -> tuple[list[int], list[int]] | None:
         """One sentence: `(terminals, parents)` with parent positions (-1 for the root), or
-        None when it grows past `max_length`."""
+        None when it grows past `max_length`. Its start nonterminal is drawn uniformly among
+        all nonterminals, anew for every sentence."""
         terminals: list[int] = []
         parents: list[int] = []
 
@@ -61,8 +62,9 @@ class ReferenceTreeSampler:
                 parents[child] = head
             return head
 
+        start = rng.randrange(self.grammar.num_nonterminals)
         try:
-            expand(self.grammar.start)
+            expand(start)
         except _TooLong:
             return None
         if len(terminals) > self.max_length:

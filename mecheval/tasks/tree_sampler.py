@@ -8,6 +8,10 @@ their rule and head terminal in one NumPy call. The left-to-right layout (each c
 its body's yield followed by its head terminal) is then computed from subtree sizes: bottom-up
 sizes, top-down start offsets.
 
+Each sentence starts from its own nonterminal, drawn uniformly among all nonterminals (the
+study's generator does the same for every sentence, rejected redraws included); a start whose
+derivations are all shorter than 3 tokens only ever yields rejected sentences.
+
 Sentences whose token count passes `max_length` stop growing as soon as that happens and are
 reported as too long; `max_length` therefore also bounds the work per sentence.
 """
@@ -31,7 +35,8 @@ class SentenceBlock:
         parents: `(M,)` int64, position of the token's parent within its sentence, -1 for the
             root (the sentence's last token).
         head_nonterminal: `(M,)` int64, the nonterminal whose head the token is, or -1 for a
-            terminal written in a rule body.
+            terminal written in a rule body. The root's entry (a sentence's last token) is the
+            sentence's start nonterminal.
         head_rule: `(M,)` int64, the rule that nonterminal expanded with, or -1.
         num_too_long: raw draws dropped for passing `max_length`.
         num_too_short: raw draws dropped for having fewer than `min_length` tokens.
@@ -123,7 +128,8 @@ class TreeSampler:
         return rule, head
 
     def sample(self, rng: np.random.Generator, count: int) -> SentenceBlock:
-        """Draw `count` sentences; keep those with `min_length <= length <= max_length`.
+        """Draw `count` sentences, each from a uniformly drawn start nonterminal; keep those
+        with `min_length <= length <= max_length`.
 
         Returns:
             the kept sentences, in draw order, with their trees.
@@ -131,7 +137,7 @@ class TreeSampler:
         grammar = self.grammar
         levels: list[_Level] = []
         node_sentence = np.arange(count, dtype=np.int64)
-        node_nonterminal = np.full(count, grammar.start, dtype=np.int64)
+        node_nonterminal = rng.integers(0, grammar.num_nonterminals, size=count, dtype=np.int64)
         num_tokens = np.ones(count, dtype=np.int64)  # the root's head
         alive = np.ones(count, dtype=bool)
         while node_sentence.size:

@@ -38,7 +38,8 @@ def check_derivation(
     head_nonterminal: list[int],
     head_rule: list[int],
 ) -> None:
-    """Assert that annotated tokens form a derivation of `grammar` from its start symbol.
+    """Assert that annotated tokens form a derivation of `grammar` from some start
+    nonterminal (each sentence draws its own, so any nonterminal may head the root).
 
     Args:
         terminals: terminal index of each sentence token.
@@ -49,7 +50,7 @@ def check_derivation(
     length = len(terminals)
     assert parents[-1] == -1, "the last token must be the root"
     assert sum(parent == -1 for parent in parents) == 1, "exactly one root"
-    assert head_nonterminal[-1] == grammar.start, "the root is the start symbol's head"
+    assert 0 <= head_nonterminal[-1] < grammar.num_nonterminals, "the root heads a nonterminal"
     children: dict[int, list[int]] = {position: [] for position in range(length)}
     for position, parent in enumerate(parents):
         if parent >= 0:

@@ -30,8 +30,13 @@ def test_vocabulary_and_layout_constants():
     task = make_task("ar")
     assert (task.PAD, task.BOS, task.EOS) == (0, 1, 2)
     assert task.vocab_size == 8195
-    assert task.replacement_range("key") == (3, 4099)
-    assert task.replacement_range("value") == (4099, 8195)
+    assert task.token_range("key") == (3, 4099) and task.token_range("value") == (4099, 8195)
+    # The study's corruption (the default): keys replace keys and values alike.
+    assert task.corruption_range == "query"
+    assert task.replacement_range("key") == task.replacement_range("value") == (3, 4099)
+    own = make_task("ar", corruption_range="own")
+    assert own.replacement_range("key") == (3, 4099)
+    assert own.replacement_range("value") == (4099, 8195)
 
 
 def test_format_bos_eos_and_token_ranges(ar_batch):
@@ -147,9 +152,15 @@ def test_holdout_value_first_applies_to_key_value_pairs():
         assert held_out(task, row[35], row[34])
 
 
-def test_corrupt_changes_exactly_the_named_token_within_its_range(ar_batch):
-    task = make_task("ar")
-    for at, (low, high) in [("key", (3, FIRST_VALUE)), ("value", (FIRST_VALUE, 8195))]:
+@pytest.mark.parametrize(
+    "corruption_range, value_range",
+    [("query", (3, FIRST_VALUE)), ("own", (FIRST_VALUE, 8195))],
+)
+def test_corrupt_changes_exactly_the_named_token_within_its_range(
+    ar_batch, corruption_range, value_range
+):
+    task = make_task("ar", corruption_range=corruption_range)
+    for at, (low, high) in [("key", (3, FIRST_VALUE)), ("value", value_range)]:
         corrupted = task.corrupt(ar_batch, at=at, seed=0)
         assert corrupted.shape == ar_batch.tokens.shape and corrupted.dtype == torch.long
         changed = corrupted != ar_batch.tokens
@@ -179,6 +190,93 @@ def test_corrupt_replacements_cover_the_range_uniformly():
         others = counts[torch.arange(4) != token - 3]
         expected = others.sum() / 3
         assert (((others - expected) ** 2) / expected).sum() < 20
+
+
+def replacement_counts(task, batch, at, seed):
+    """(original token, replacement token) of every document's corrupted position."""
+    rows = torch.arange(len(batch))
+    corrupted = task.corrupt(batch, at=at, seed=seed)
+    column = batch.positions[at]
+    return batch.tokens[rows, column], corrupted[rows, column]
+
+
+def chi_square(counts):
+    counts = counts.double()
+    expected = counts.sum() / len(counts)
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def test_value_corruption_draws_uniformly_from_the_keys_by_default():
+    """The study's interchange draws the corrupting token from the key ids at the value too."""
+    task = make_task("ar", num_pairs=2, num_keys=4)  # keys 3..6, values 7..10
+    batch = task.sample(4000, seed=0)
+    original, new = replacement_counts(task, batch, "value", seed=5)
+    assert ((original >= 7) & (original < 11)).all()
+    assert ((new >= 3) & (new < 7)).all() and (new != original).all()
+    # Every key is possible (the original, a value, is not in the range): uniform over 4.
+    counts = torch.bincount(new - 3, minlength=4)
+    assert (counts > 0).all() and chi_square(counts) < 20
+    assert task.corruption_metadata("value") == {
+        "at": "value",
+        "corruption_range": "query",
+        "replacement_low": 3,
+        "replacement_high": 7,
+    }
+
+
+def test_value_corruption_draws_other_values_with_the_own_range_option():
+    task = make_task("ar", num_pairs=2, num_keys=4, corruption_range="own")
+    batch = task.sample(4000, seed=0)
+    original, new = replacement_counts(task, batch, "value", seed=5)
+    assert ((new >= 7) & (new < 11)).all() and (new != original).all()
+    for token in range(7, 11):
+        counts = torch.bincount(new[original == token] - 7, minlength=4)
+        assert counts[token - 7] == 0
+        assert chi_square(counts[torch.arange(4) != token - 7]) < 20
+    assert task.corruption_metadata("value")["corruption_range"] == "own"
+    assert task.corruption_metadata("value")["replacement_low"] == 7
+
+
+def test_value_first_variant_corrupts_both_positions_with_value_ids():
+    """With value queries the study's corrupting range is the value ids (the query's kind)."""
+    task = make_task("ar", num_pairs=2, num_keys=4, query="value")
+    batch = task.sample(2000, seed=1)
+    for at in ("key", "value"):
+        original, new = replacement_counts(task, batch, at, seed=2)
+        assert ((new >= 7) & (new < 11)).all() and (new != original).all()
+    own = make_task("ar", num_pairs=2, num_keys=4, query="value", corruption_range="own")
+    original, new = replacement_counts(own, batch, "key", seed=2)
+    assert ((new >= 3) & (new < 7)).all() and (new != original).all()
+
+
+def test_corrupt_skips_the_original_only_where_the_range_holds_it(monkeypatch):
+    """A range that holds some originals (values 7, 8) and not others (9, 10)."""
+    task = make_task("ar", num_pairs=2, num_keys=4)
+    batch = task.sample(4000, seed=0)
+    monkeypatch.setattr(AssociativeRecall, "replacement_range", lambda self, at: (5, 9))
+    original, new = replacement_counts(task, batch, "value", seed=1)
+    assert ((new >= 5) & (new < 9)).all() and (new != original).all()
+    for token in range(7, 11):
+        counts = torch.bincount(new[original == token] - 5, minlength=4)
+        if token < 9:
+            assert counts[token - 5] == 0 and chi_square(counts[torch.arange(4) != token - 5]) < 20
+        else:
+            assert chi_square(counts) < 20
+
+
+def test_corruption_range_changes_no_document_and_is_visible_in_config_and_label():
+    study, own = make_task("ar"), make_task("ar", corruption_range="own")
+    assert study.key() == own.key()
+    assert study.sample(50, seed=3).equals(own.sample(50, seed=3))
+    assert study.config()["corruption_range"] == "query" and study.label() == "ar()"
+    assert own.config()["corruption_range"] == "own"
+    assert own.label() == "ar(corruption_range='own')"
+    assert make_task("ar", **own.config()) == own and own != study
+    # Key corruption is the same draw in both modes.
+    batch = study.sample(100, seed=4)
+    assert torch.equal(study.corrupt(batch, "key", 1), own.corrupt(batch, "key", 1))
+    with pytest.raises(ValueError, match="corruption_range"):
+        make_task("ar", corruption_range="value_range")
 
 
 def test_corrupt_refuses_bad_positions_and_foreign_batches(ar_batch):

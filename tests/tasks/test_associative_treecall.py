@@ -140,6 +140,11 @@ def test_corrupt_changes_exactly_one_token_to_another_terminal(num_terminals):
         new = corrupted[rows, batch.positions[at]]
         assert ((new >= 3) & (new < 3 + num_terminals)).all()
         assert torch.equal(corrupted, task.corrupt(batch, at=at, seed=9))
+        assert task.corruption_metadata(at) == {
+            "at": at,
+            "replacement_low": 3,
+            "replacement_high": 3 + num_terminals,
+        }
 
 
 def test_impossible_grammar_raises_a_clear_error():

@@ -27,7 +27,6 @@ def test_grammar_constraints(options):
     scores = grammar.depth_scores
     assert grammar.num_nonterminals == task.num_nonterminals
     assert ((scores >= 1) & (scores <= task.max_depth)).all()
-    assert 0 <= grammar.start < task.num_nonterminals
     for owner in range(task.num_nonterminals):
         rules = grammar.rules_of(owner)
         assert 1 <= len(rules) <= task.max_rules

@@ -20,6 +20,7 @@ BAD_OPTIONS = [
     ("ar", {"holdout": "0.2"}, TypeError, "holdout"),
     ("ar", {"holdout": 1e-12}, ValueError, "holdout"),
     ("ar", {"num_keys": 100, "holdout": 0.2}, ValueError, "holdout"),
+    ("ar", {"corruption_range": "key_range"}, ValueError, "corruption_range"),
     ("atr", {"num_terminals": 20}, TypeError, "max_rhs_len"),
     ("atr", {**ATR, "max_rhs_len": 1}, ValueError, "max_rhs_len"),
     ("atr", {**ATR, "num_terminals": 1}, ValueError, "num_terminals"),
@@ -60,6 +61,7 @@ def test_unknown_task_and_bad_sampling_arguments():
     [
         ("ar", {}),
         ("ar", {"query": "value", "holdout": 0.1}),
+        ("ar", {"corruption_range": "own"}),
         ("atr", ATR),
         ("atr", {"max_rhs_len": 10, "num_terminals": 8192, "holdout": 0.2, "seed": 3}),
     ],
@@ -80,6 +82,7 @@ def test_config_contents_and_labels():
         "num_keys": 4096,
         "query": "key",
         "holdout": 0.0,
+        "corruption_range": "query",
     }
     atr = make_task("atr", max_rhs_len=10, num_terminals=8192)
     assert atr.config()["terminal_factor"] == 20.0 and atr.config()["max_length"] == 1024
