@@ -7,15 +7,19 @@ Parquet next to its checkpoint.
 For each run: its evaluation documents (the dev split, `task.eval_size` of them), corrupted at
 the key and, separately, at the value; every layer and site of the model at the named
 positions key, value, divider, query and the two after the value (value+1, the next key in
-AR, and value+2: the study's Mamba conv analysis patches those). Results are written
-atomically, and a run already evaluated with the same settings is skipped, so a killed
-evaluation resumes.
+AR, and value+2: the study's Mamba conv analysis patches those). Each row records the id range
+its corrupting tokens were drawn from (`replacement_ids`, e.g. "3..4098": in AR both key and
+value corruption draw key ids by default, as the study does; `corruption_options=
+{"corruption_range": "own"}` draws each position's own kind instead, without retraining).
+Results are written atomically, and a run already evaluated with the same settings is skipped,
+so a killed evaluation resumes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -54,25 +58,32 @@ def evaluate_run(
     seed: int = 0,
     memory_budget: int = 1 << 30,
     force: bool = False,
+    corruption_options: Mapping[str, object] | None = None,
 ) -> pd.DataFrame:
     """The interchange grids of one finished run (see the module docstring).
 
+    Args:
+        corruption_options: task options that only change how documents are corrupted
+            (`task.corruption_options`, e.g. AR's corruption_range), overriding the run's.
+
     Returns:
         the grid table with identifying columns added: run, arch, d_model, n_layers, lr,
-        task, corruption, accuracy (the run's accuracy on these documents).
+        task, corruption, replacement_ids, accuracy (the run's accuracy on these documents).
     """
     run_dir = Path(run_dir)
     out = run_dir / INTERVENTIONS
+    model, task, config = load_trained_model(run_dir, device=device)
+    task = _with_corruption_options(task, corruption_options or {})
     settings = {
         "corruptions": list(corruptions),
         "positions": list(positions),
         "split": split,
         "seed": seed,
+        "corruption": {at: task.corruption_metadata(at) for at in corruptions},
     }
     stamp = run_dir / "interventions.json"
     if out.exists() and stamp.exists() and not force and json.loads(stamp.read_text()) == settings:
         return pd.read_parquet(out)
-    model, task, config = load_trained_model(run_dir, device=device)
     batch = task.dataset(split, size=config.task.eval_size).to(device)
     acc = accuracy(model, batch, config.replace(precision="fp32"), torch.device(device))
     labels = _positions_for(batch, positions)
@@ -82,6 +93,8 @@ def evaluate_run(
         grid = interchange_grid(
             model, batch, corrupted, positions=labels, memory_budget=memory_budget
         )
+        low, high = task.replacement_range(at)
+        grid.insert(0, "replacement_ids", f"{low}..{high - 1}")
         grid.insert(0, "corruption", at)
         frames.append(grid)
     table = pd.concat(frames, ignore_index=True)
@@ -99,6 +112,16 @@ def evaluate_run(
     atomic_write_parquet(out, table)
     atomic_write_json(stamp, settings)
     return table
+
+
+def _with_corruption_options(task, options: Mapping[str, object]):
+    unknown = sorted(set(options) - set(task.corruption_options))
+    if unknown:
+        raise ValueError(
+            f"corruption_options {unknown} are not corruption options of task {task.name!r} "
+            f"(its options: {list(task.corruption_options) or 'none'})"
+        )
+    return dataclasses.replace(task, **options) if options else task
 
 
 def finished_runs(path: str | Path) -> list[Path]:

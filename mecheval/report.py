@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from mecheval.evaluate import INTERVENTIONS, finished_runs  # noqa: E402
-from mecheval.interventions import attrib, readout  # noqa: E402
+from mecheval.interventions import MECHANISM_THRESHOLD, attrib, readout  # noqa: E402
 from mecheval.train.loop import RESULT  # noqa: E402
 
 MODEL = ["task", "arch", "d_model", "n_layers"]
@@ -70,7 +70,7 @@ def mechanism_table(best: pd.DataFrame) -> pd.DataFrame:
     for _, run in best[best["evaluated"]].iterrows():
         grid = pd.read_parquet(Path(run["path"]) / INTERVENTIONS)
         grid = grid[grid["corruption"] == "key"].drop(
-            columns=["corruption", "task", "accuracy", "lr"]
+            columns=["corruption", "task", "accuracy", "lr", "replacement_ids"], errors="ignore"
         )
         scores = readout(grid.drop(columns=["run", "arch", "d_model", "n_layers"]))
         row = {k: run[k] for k in (*MODEL, "lr", "dev_accuracy")}
@@ -82,11 +82,26 @@ def mechanism_table(best: pd.DataFrame) -> pd.DataFrame:
 def _attrib_of(run: pd.Series, corruption: str = "key") -> pd.DataFrame:
     grid = pd.read_parquet(Path(run["path"]) / INTERVENTIONS)
     grid = grid[grid["corruption"] == corruption]
-    return attrib(
-        grid.drop(
-            columns=["run", "arch", "d_model", "n_layers", "lr", "task", "accuracy", "corruption"]
-        )
-    )
+    identity = ["run", "arch", "d_model", "n_layers", "lr", "task", "accuracy", "corruption"]
+    return attrib(grid.drop(columns=[*identity, "replacement_ids"], errors="ignore"))
+
+
+def corruption_note(best: pd.DataFrame) -> str:
+    """Which ids the evaluated runs' corruptions drew from, e.g. "key: ids 3..4098; value:
+    ids 3..4098" per task."""
+    seen: dict[str, dict[str, str]] = {}
+    for _, run in best[best["evaluated"]].iterrows():
+        grid = pd.read_parquet(Path(run["path"]) / INTERVENTIONS)
+        if "replacement_ids" not in grid:
+            continue
+        pairs = grid[["task", "corruption", "replacement_ids"]].drop_duplicates()
+        for row in pairs.itertuples(index=False):
+            seen.setdefault(row.task, {})[row.corruption] = row.replacement_ids
+    parts = [
+        f"{task}: " + "; ".join(f"{at} replaced by ids {ids}" for at, ids in draws.items())
+        for task, draws in seen.items()
+    ]
+    return "Corrupting tokens: " + (" | ".join(parts) if parts else "not recorded") + "."
 
 
 def _heatmap(run: pd.Series, out: Path) -> str | None:
@@ -180,11 +195,18 @@ def build_report(path: str | Path, out: str | Path | None = None) -> Path:
     scatter = _scatter(mechanisms, out) if not mechanisms.empty else None
 
     accuracy = best[[*MODEL, "lr", "dev_accuracy", "test_accuracy", "steps", "wall_time_s"]]
+    mechanism_note = (
+        f"{corruption_note(best)} The `mechanism` label is mecheval's own rule (the highest "
+        f'read-out if it reaches {MECHANISM_THRESHOLD}, else "unclear"); the study reports '
+        "the Attrib values themselves."
+    )
     sections = [
         ("Accuracy (best learning rate per architecture and width)", _markdown(accuracy)),
         (
             "Mechanism (key corrupted; Attrib of restoring layer 1's block input)",
-            _markdown(mechanisms.drop(columns=[c for c in ("run",) if c in mechanisms])),
+            mechanism_note
+            + "\n\n"
+            + _markdown(mechanisms.drop(columns=[c for c in ("run",) if c in mechanisms])),
         ),
         ("Mamba: inside the layer-0 short conv (Attrib of its output)", _markdown(conv)),
         ("All runs", _markdown(results.drop(columns=["path", "evaluated"]))),
@@ -203,13 +225,16 @@ def build_report(path: str | Path, out: str | Path | None = None) -> Path:
         "<h1>mecheval report</h1>",
         f"<p>Runs under <code>{html.escape(str(path))}</code>: {len(results)}.</p>",
     ]
+    notes = {sections[1][0]: mechanism_note}
     for (title, _), frame in zip(
         sections,
         (accuracy, mechanisms, conv, results.drop(columns=["path", "evaluated"])),
         strict=True,
     ):
+        page += [f"<h2>{html.escape(title)}</h2>"]
+        if title in notes:
+            page += [f"<p>{html.escape(notes[title])}</p>"]
         page += [
-            f"<h2>{html.escape(title)}</h2>",
             frame.to_html(index=False, float_format=lambda v: f"{v:.3f}", na_rep="")
             if not frame.empty
             else "<p><em>none</em></p>",

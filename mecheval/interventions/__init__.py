@@ -5,7 +5,7 @@ from mecheval.interventions.attribution import attribution_patching, screening_c
 from mecheval.interventions.grid import COLUMNS, interchange_grid, select_sites
 from mecheval.interventions.per_cell import per_cell_loop
 from mecheval.interventions.positions import NAMED, expand_positions, resolve_position
-from mecheval.interventions.scores import attrib, readout
+from mecheval.interventions.scores import MECHANISM_THRESHOLD, attrib, readout
 
 __all__ = [
     "COLUMNS",
@@ -16,6 +16,7 @@ __all__ = [
     "interchange_grid",
     "per_cell_loop",
     "readout",
+    "MECHANISM_THRESHOLD",
     "resolve_position",
     "screening_correlation",
     "select_sites",

@@ -1,4 +1,4 @@
-"""From an interchange grid to the study's scores (SPEC section 5).
+"""From an interchange grid to the study's scores (docs/study.md, "The metric").
 
     Attrib = (E[p_restored] - E[p_corrupted]) / (E[p_original] - E[p_corrupted])
 
@@ -21,6 +21,9 @@ from mecheval.interventions.grid import COLUMNS
 
 CELL = ("layer", "site", "position")
 MECHANISMS = {"induction": "value", "direct_early": "query", "direct_late": "key"}
+# mecheval's own labelling rule (the study reports Attrib values only): a model is named after
+# its highest read-out when that reaches this Attrib, else "unclear".
+MECHANISM_THRESHOLD = 0.5
 
 
 def model_keys(frame: pd.DataFrame) -> list[str]:
@@ -58,7 +61,9 @@ def _lookup(cells: pd.DataFrame, layer: int, site: str, position: str) -> float:
     return float(hit["attrib"].iloc[0]) if len(hit) else float("nan")
 
 
-def readout(df: pd.DataFrame, threshold: float = 0.5, min_effect: float = 0.01) -> pd.DataFrame:
+def readout(
+    df: pd.DataFrame, threshold: float = MECHANISM_THRESHOLD, min_effect: float = 0.01
+) -> pd.DataFrame:
     """One row per model: the read-out scores and a mechanism label.
 
     Args:

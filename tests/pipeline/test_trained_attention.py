@@ -63,8 +63,15 @@ def test_trained_attention_solves_recall_by_induction(trained):
     run, _ = trained
     table = evaluate_run(run)
     assert set(table["corruption"]) == {"key", "value"}
+    # Both corruptions draw key ids, as the study's evaluation does (docs/study.md).
+    _, task, _ = load_trained_model(run)
+    keys = f"{task.first_key}..{task.first_value - 1}"
+    assert set(table.groupby("corruption")["replacement_ids"].unique().map(tuple)) == {(keys,)}
     key = table[table["corruption"] == "key"].drop(
-        columns=["run", "arch", "d_model", "n_layers", "lr", "task", "accuracy", "corruption"]
+        columns=[
+            *("run", "arch", "d_model", "n_layers", "lr", "task", "accuracy", "corruption"),
+            "replacement_ids",
+        ]
     )
     scores = readout(key).iloc[0]
     assert scores["mechanism"] == "induction", scores.to_dict()
@@ -86,4 +93,13 @@ def test_trained_attention_solves_recall_by_induction(trained):
     out = build_report(run)
     text = (out / "report.md").read_text()
     assert "induction" in text and (out / "report.html").exists()
+    assert f"key replaced by ids {keys}; value replaced by ids {keys}" in text
+    assert "mecheval's own rule" in text
+    # The in-range value draw, without retraining; an option that is not a corruption option
+    # is refused by name.
+    own = evaluate_run(run, corruptions=["value"], corruption_options={"corruption_range": "own"})
+    values = f"{task.first_value}..{task.vocab_size - 1}"
+    assert set(own["replacement_ids"]) == {values}
+    with pytest.raises(ValueError, match="num_keys"):
+        evaluate_run(run, corruption_options={"num_keys": 8})
     assert list(out.glob("heatmap_attention_*.png"))
