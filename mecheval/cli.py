@@ -3,7 +3,7 @@ everything here can be done from Python too.
 
     mecheval train [--config FILE] [--out DIR] [key=value ...]
     mecheval sweep FILE [--out DIR] [--backend local|ray] [--workers N] [--retries N]
-                        [--address ADDR] [--dry-run] [key=value ...]
+                        [--address ADDR] [--dry-run] [--only key=value ...] [key=value ...]
     mecheval data stats [--task ar|atr] [--n N] [--grammar-seeds K] [key=value ...]
     mecheval evaluate RUN_DIR|SWEEP_DIR [--device cpu] [--split dev]
     mecheval report DIR [--out DIR]
@@ -32,9 +32,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from mecheval.sweep import estimate_sweep, load_sweep, run_sweep
+    from mecheval.sweep import estimate_sweep, load_sweep, run_sweep, select_runs
 
     runs = load_sweep(args.file, args.overrides)
+    if args.only:
+        runs = select_runs(runs, args.only)
+        if not runs:
+            raise ConfigError(f"--only {' '.join(args.only)} matches no run of {args.file}")
     out = Path(args.out) if args.out else Path("runs") / Path(args.file).stem
     if args.dry_run:
         estimate = estimate_sweep(runs, workers=args.workers)
@@ -125,6 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retries", type=int, default=0, help="rerun failed runs this many more times")
     p.add_argument("--address", help="Ray cluster address (default: start a local cluster)")
     p.add_argument("--dry-run", action="store_true", help="print grid size and estimated time")
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="run only the grid rows matching this (repeatable; VALUE may be a,b)",
+    )
     p.add_argument("overrides", nargs="*", help="key=value overrides of the sweep's base config")
     p.set_defaults(func=_cmd_sweep)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mecheval.sweep.grid import Run, expand_sweep, load_sweep, run_name
+from mecheval.sweep.grid import Run, expand_sweep, load_sweep, run_name, select_runs
 from mecheval.sweep.runner import RESULTS, run_sweep, write_results
 
 
@@ -60,5 +60,6 @@ __all__ = [
     "load_sweep",
     "run_name",
     "run_sweep",
+    "select_runs",
     "write_results",
 ]

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from mecheval.config import ConfigError, from_dict, merge, parse_overrides
+from mecheval.config import ConfigError, from_dict, merge, parse_overrides, to_dict
 from mecheval.train.config import ALIASES, TrainConfig, identity
 
 
@@ -89,3 +89,31 @@ def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
     if not isinstance(spec, dict):
         raise ConfigError(f"{path}: a sweep file must hold a mapping")
     return expand_sweep(spec, overrides)
+
+
+def select_runs(runs: list[Run], only: list[str] | tuple[str, ...]) -> list[Run]:
+    """The runs whose config matches every `key=value` filter (dotted keys or train aliases,
+    values parsed as in overrides; `key=a,b` matches either), in their sweep order. Runs keep
+    their names, so a slice of a sweep trains into the sweep's own folders."""
+    wanted = []
+    for item in only:
+        key, sep, values = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--only takes key=value, got {item!r}")
+        key = ALIASES.get(key, key)
+        parsed = [parse_overrides([f"x={v}"])["x"] for v in values.split(",")]
+        wanted.append((key, parsed))
+    selected = []
+    for run in runs:
+        fields = to_dict(run.config)
+        matches = True
+        for key, parsed in wanted:
+            value: Any = fields
+            for part in key.split("."):
+                if not isinstance(value, dict) or part not in value:
+                    raise ConfigError(f"--only: unknown config key {key!r}")
+                value = value[part]
+            matches &= value in parsed
+        if matches:
+            selected.append(run)
+    return selected

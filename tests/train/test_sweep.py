@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from mecheval.config import ConfigError
-from mecheval.sweep import RESULTS, expand_sweep, run_sweep
+from mecheval.sweep import RESULTS, expand_sweep, run_sweep, select_runs
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = {
@@ -56,6 +56,22 @@ def test_grid_expands_as_a_product_with_stable_names():
     )
     assert [r.name for r in runs] == [r.name for r in again]
     assert runs[0].name.startswith("ar-attention-d16-l2-lr0.001-s1-")
+
+
+def test_only_selects_grid_rows_and_keeps_their_names():
+    runs = expand_sweep(_spec({"arch": ["attention", "mamba"], "optim.lr": [1e-3, 3e-3, 1e-2]}))
+    mamba = select_runs(runs, ["arch=mamba"])
+    assert [r.name for r in mamba] == [r.name for r in runs if r.config.model.arch == "mamba"]
+    two = select_runs(runs, ["model.arch=mamba", "lr=1e-3,1e-2"])
+    assert {(r.config.model.arch, r.config.optim.lr) for r in two} == {
+        ("mamba", 1e-3),
+        ("mamba", 1e-2),
+    }
+    assert select_runs(runs, ["seed=7"]) == []
+    with pytest.raises(ConfigError, match="unknown config key 'model.archh'"):
+        select_runs(runs, ["model.archh=mamba"])
+    with pytest.raises(ConfigError, match="key=value"):
+        select_runs(runs, ["mamba"])
 
 
 def test_bad_sweep_files_are_refused():
