@@ -11,7 +11,7 @@ The forward keeps only the state at the start of each chunk (the checkpoints). T
 walks the chunks in reverse: it recomputes the chunk's states from its checkpoint, runs the
 adjoint recurrence backwards (dh_t = g_t C_t + exp(dt_{t+1} A) dh_{t+1}) and forms every
 gradient from the two. Autograd through the per-position loop would record every step and is
-orders of magnitude slower (see KERNELS.md).
+orders of magnitude slower (see docs/kernels.md).
 """
 
 from __future__ import annotations

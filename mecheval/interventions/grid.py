@@ -3,7 +3,7 @@ set of documents, in a few batched forward passes.
 
 For each cell the corrupted document (the base) runs with one activation (one layer, one site,
 one position) replaced by the value the original document (the source) has there, and we read
-the probability of the original answer at the query position (SPEC section 5).
+the probability of the original answer at the query position (docs/study.md, "The metric").
 
 How it is fast, and still exact:
 - source activations are read once, for every site at every position, in one forward pass;

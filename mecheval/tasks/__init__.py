@@ -1,4 +1,4 @@
-"""The study's tasks (SPEC section 2): associative recall (AR) and associative treecall (ATR).
+"""The study's tasks (docs/study.md): associative recall (AR) and associative treecall (ATR).
 
 from mecheval.tasks import make_task
 

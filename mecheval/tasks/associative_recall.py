@@ -1,4 +1,4 @@
-"""Associative recall (AR), SPEC section 2.1, generated fully vectorised with NumPy.
+"""Associative recall (AR, docs/study.md), generated fully vectorised with NumPy.
 
 Document (P = num_pairs, K = num_keys):
 

@@ -1,4 +1,4 @@
-"""Associative treecall (ATR), SPEC section 2.2: recall the parent of a token in a sentence of a
+"""Associative treecall (ATR, docs/study.md): recall the parent of a token in a sentence of a
 random grammar.
 
 Document (n terminals, 3 <= n <= max_length):

@@ -32,7 +32,7 @@ from mecheval.tasks.dataset_cache import CACHE_FORMAT, default_cache_dir, load_b
 Split = Literal["train", "dev", "test"]
 SPLITS: tuple[str, ...] = ("train", "dev", "test")
 DATASET_SIZES: dict[str, int] = {"train": 100_032, "dev": 320, "test": 320}
-"""The study's fixed set sizes (SPEC section 2.1)."""
+"""The study's fixed set sizes (docs/study.md)."""
 DATASET_SEED = 0
 """Seed of the fixed datasets: `task.dataset(split, size)` equals `task.sample(size, 0, split)`."""
 GENERATOR_VERSION = 1

@@ -1,7 +1,7 @@
 """`Batch`: a set of task documents with their answers and named positions.
 
 Every task returns its documents as one `Batch`. Training slices it into minibatches, the
-interventions read its named positions (SPEC section 2) and corrupt copies of its tokens.
+interventions read its named positions (docs/study.md) and corrupt copies of its tokens.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 POSITION_NAMES: tuple[str, ...] = ("key", "value", "divider", "query", "answer")
-"""The named positions every task records, in this order (SPEC section 2)."""
+"""The named positions every task records, in this order (docs/study.md)."""
 
 
 @dataclass(frozen=True)

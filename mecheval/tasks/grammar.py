@@ -1,4 +1,4 @@
-"""The random probabilistic grammar behind associative treecall (SPEC section 2.2).
+"""The random probabilistic grammar behind associative treecall (docs/study.md).
 
 `sample_grammar` builds one grammar from its own seed:
 

@@ -1,6 +1,6 @@
-"""Plain reference for ATR sentence and query sampling: the SPEC's procedure, one sentence at a
-time, written for reading rather than speed. Tests compare the vectorised sampler
-(`tree_sampler.py`) against it.
+"""Plain reference for ATR sentence and query sampling: the study's procedure
+(docs/study.md), one sentence at a time, written for reading rather than speed. Tests compare
+the vectorised sampler (`tree_sampler.py`) against it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class _TooLong(Exception):
 
 
 class ReferenceTreeSampler:
-    """Leftmost-first recursive expansion of a grammar (SPEC section 2.2).
+    """Leftmost-first recursive expansion of a grammar (docs/study.md).
 
     Args:
         grammar: the grammar.
@@ -93,7 +93,7 @@ def eligible_targets(
 def choose_query_reference(
     targets: dict[int, list[int]], target_draw: float, child_draw: float
 ) -> tuple[int, int] | None:
-    """The SPEC's choice: a target uniformly (by `target_draw`), then one of its children
+    """The study's choice: a target uniformly (by `target_draw`), then one of its children
     uniformly (by `child_draw`). Returns `(child position, parent position)` or None."""
     if not targets:
         return None

@@ -1,6 +1,6 @@
-"""Vectorised sampling of grammar sentences with their dependency trees (SPEC section 2.2).
+"""Vectorised sampling of grammar sentences with their dependency trees (docs/study.md).
 
-The SPEC describes a leftmost-first recursive expansion, one sentence at a time (that
+The study describes a leftmost-first recursive expansion, one sentence at a time (that
 procedure is written out plainly in `tree_reference.py`). Every expansion of a nonterminal is
 independent of the others, so the same distribution over trees can be drawn level by level for
 a whole block of sentences at once: all nonterminals at depth d, across all sentences, pick
@@ -92,7 +92,7 @@ class TreeSampler:
     Args:
         grammar: the grammar.
         max_length: longest sentence kept, in tokens.
-        min_length: shortest sentence kept (3 in the SPEC).
+        min_length: shortest sentence kept (3 in the study).
     """
 
     def __init__(self, grammar: Grammar, max_length: int, min_length: int = 3) -> None:

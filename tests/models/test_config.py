@@ -1,4 +1,4 @@
-"""ModelConfig and build_model: defaults per SPEC, round trips, refused configurations."""
+"""ModelConfig and build_model: the study's defaults, round trips, refused configurations."""
 
 from __future__ import annotations
 

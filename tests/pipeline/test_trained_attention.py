@@ -1,5 +1,5 @@
 """A small attention model trained once, then checked end to end: it learns AR, the batched
-grid equals the per-cell loop on it, and its mechanism read-out is induction (SPEC section 6)."""
+grid equals the per-cell loop on it, and its mechanism read-out is induction (docs/study.md)."""
 
 from __future__ import annotations
 

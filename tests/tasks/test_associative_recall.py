@@ -1,6 +1,7 @@
 """Associative recall: document format, answers, positions, holdout, determinism, corruption.
 
-Every check walks documents in plain Python and compares with the SPEC's definition.
+Every check walks documents in plain Python and compares with the study's definition
+(docs/study.md).
 """
 
 import numpy as np

@@ -16,7 +16,8 @@ STUDY_SETTINGS = [
 
 
 def check_documents(task, batch, trees):
-    """Walk every document and compare with the SPEC's definition and the sampler's tree."""
+    """Walk every document and compare with the study's definition (docs/study.md) and the
+    sampler's tree."""
     first, last = 3, 3 + task.num_terminals
     for i, row in enumerate(batch.tokens.tolist()):
         length = int(batch.lengths[i])

@@ -1,4 +1,4 @@
-"""The sampled grammar obeys every constraint of SPEC section 2.2."""
+"""The sampled grammar obeys every constraint of the study's grammar (docs/study.md)."""
 
 import numpy as np
 import pytest
