@@ -2,20 +2,23 @@
 and attribution patching for screening large grids."""
 
 from mecheval.interventions.attribution import attribution_patching, screening_correlation
+from mecheval.interventions.bootstrap import attrib_intervals
 from mecheval.interventions.grid import COLUMNS, interchange_grid, select_sites
 from mecheval.interventions.per_cell import per_cell_loop
 from mecheval.interventions.positions import NAMED, expand_positions, resolve_position
-from mecheval.interventions.scores import MECHANISM_THRESHOLD, attrib, readout
+from mecheval.interventions.scores import MECHANISM_THRESHOLD, attrib, readout, readout_cells
 
 __all__ = [
     "COLUMNS",
     "NAMED",
     "attrib",
+    "attrib_intervals",
     "attribution_patching",
     "expand_positions",
     "interchange_grid",
     "per_cell_loop",
     "readout",
+    "readout_cells",
     "MECHANISM_THRESHOLD",
     "resolve_position",
     "screening_correlation",

@@ -54,15 +54,29 @@ def attrib(df: pd.DataFrame, min_effect: float = 0.01) -> pd.DataFrame:
     return table[table["effect"] > min_effect].reset_index(drop=True)
 
 
-def _lookup(cells: pd.DataFrame, layer: int, site: str, position: str) -> float:
+def _lookup(
+    cells: pd.DataFrame, layer: int, site: str, position: str, column: str = "attrib"
+) -> float:
     hit = cells[
         (cells["layer"] == layer) & (cells["site"] == site) & (cells["position"] == position)
     ]
-    return float(hit["attrib"].iloc[0]) if len(hit) else float("nan")
+    return float(hit[column].iloc[0]) if len(hit) else float("nan")
+
+
+def readout_cells(depth: int) -> dict[str, tuple[int, str, str]]:
+    """The read-out of a `depth`-layer model: name -> (layer, site, position)."""
+    if depth == 2:
+        return {m: (1, "block_input", pos) for m, pos in MECHANISMS.items()}
+    return {f"layer{i}_mixer_query": (i, "mixer_output", "query") for i in range(depth)}
 
 
 def readout(
-    df: pd.DataFrame, threshold: float = MECHANISM_THRESHOLD, min_effect: float = 0.01
+    df: pd.DataFrame,
+    threshold: float = MECHANISM_THRESHOLD,
+    min_effect: float = 0.01,
+    intervals: bool = False,
+    cluster: str | None = None,
+    reps: int = 1000,
 ) -> pd.DataFrame:
     """One row per model: the read-out scores and a mechanism label.
 
@@ -72,9 +86,19 @@ def readout(
             depths) at the positions the read-out needs.
         threshold: the Attrib a read-out must reach to name the mechanism; below it the label
             is "unclear". Models whose corruption has no effect are labelled "no effect".
+        intervals: add a 95% bootstrap interval per read-out (`<name>_low`, `<name>_high`;
+            see mecheval.interventions.bootstrap).
+        cluster: with intervals, a column (e.g. "run") whose levels are pooled and resampled.
+        reps: bootstrap replicates.
     """
+    if intervals:
+        from mecheval.interventions.bootstrap import attrib_intervals
+
+        scores = attrib_intervals(df, reps=reps, cluster=cluster, min_effect=min_effect)
+        df = df.drop(columns=[cluster]) if cluster else df
+    else:
+        scores = attrib(df, min_effect=min_effect)
     keys = model_keys(df)
-    scores = attrib(df, min_effect=min_effect)
     models = df[keys].drop_duplicates() if keys else pd.DataFrame(index=[0])
     rows = []
     for _, model in models.iterrows():
@@ -84,14 +108,13 @@ def readout(
         cells = scores[match]
         depth = int(df.loc[_rows_of(df, model, keys), "layer"].max()) + 1
         row = {k: model[k] for k in keys}
-        if depth == 2:
-            values = {m: _lookup(cells, 1, "block_input", pos) for m, pos in MECHANISMS.items()}
-        else:
-            values = {
-                f"layer{i}_mixer_query": _lookup(cells, i, "mixer_output", "query")
-                for i in range(depth)
-            }
+        wanted = readout_cells(depth)
+        values = {name: _lookup(cells, *cell) for name, cell in wanted.items()}
         row.update(values)
+        if intervals:
+            for name, cell in wanted.items():
+                row[f"{name}_low"] = _lookup(cells, *cell, column="attrib_low")
+                row[f"{name}_high"] = _lookup(cells, *cell, column="attrib_high")
         if cells.empty:
             row["mechanism"] = "no effect"
         else:
