@@ -1,8 +1,10 @@
 """Mechanistic evaluation of trained runs: the interchange grids of every run, stored as
 Parquet next to its checkpoint.
 
-    evaluate_run(run_dir)    one run  -> run_dir/interventions.parquet
-    evaluate_all(path)       a run folder, or a folder of runs (a sweep): every finished run
+    evaluate_run(run_dir)    one run  -> run_dir/interventions.parquet, run_dir/examples.parquet
+    evaluate_all(path)       a run folder, or a folder of runs (a sweep): every finished run;
+                             also the read-outs of every kept checkpoint
+                             (mecheval.over_training)
 
 For each run: its evaluation documents (the dev split, `task.eval_size` of them), corrupted at
 the key and, separately, at the value; every layer and site of the model at the named
@@ -11,8 +13,10 @@ AR, and value+2: the study's Mamba conv analysis patches those). Each row record
 its corrupting tokens were drawn from (`replacement_ids`, e.g. "3..4098": in AR both key and
 value corruption draw key ids by default, as the study does; `corruption_options=
 {"corruption_range": "own"}` draws each position's own kind instead, without retraining).
-Results are written atomically, and a run already evaluated with the same settings is skipped,
-so a killed evaluation resumes.
+`examples.parquet` records each evaluation document's key and query positions, their
+distance, and whether the model answers it (for accuracy and read-outs by distance). Results
+are written atomically, and a run already evaluated with the same settings is skipped, so a
+killed evaluation resumes.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ from tqdm.auto import tqdm
 
 from mecheval.interventions import interchange_grid
 from mecheval.io import atomic_write_json, atomic_write_parquet
-from mecheval.train.loop import RESULT, accuracy, load_trained_model
+from mecheval.train.loop import RESULT, load_trained_model
 
 INTERVENTIONS = "interventions.parquet"
+EXAMPLES = "examples.parquet"
 CORRUPTIONS = ("key", "value")
 POSITIONS = ("key", "value", "divider", "query", "value+1", "value+2")
 
@@ -82,10 +87,12 @@ def evaluate_run(
         "corruption": {at: task.corruption_metadata(at) for at in corruptions},
     }
     stamp = run_dir / "interventions.json"
-    if out.exists() and stamp.exists() and not force and json.loads(stamp.read_text()) == settings:
+    done = out.exists() and (run_dir / EXAMPLES).exists() and stamp.exists()
+    if done and not force and json.loads(stamp.read_text()) == settings:
         return pd.read_parquet(out)
     batch = task.dataset(split, size=config.task.eval_size).to(device)
-    acc = accuracy(model, batch, config.replace(precision="fp32"), torch.device(device))
+    examples = document_records(model, batch)
+    acc = float(examples["correct"].mean())
     labels = _positions_for(batch, positions)
     frames = []
     for at in corruptions:
@@ -110,8 +117,36 @@ def evaluate_run(
     for i, (name, value) in enumerate(identity.items()):
         table.insert(i, name, value)
     atomic_write_parquet(out, table)
+    atomic_write_parquet(run_dir / EXAMPLES, examples)
     atomic_write_json(stamp, settings)
     return table
+
+
+@torch.no_grad()
+def document_records(model, batch) -> pd.DataFrame:
+    """Per evaluation document: example index, key and query positions, distance (query -
+    key), correct (the answer is the argmax at the query), p_answer (its probability)."""
+    was_training = model.training
+    model.eval()
+    correct, p_answer = [], []
+    for start in range(0, len(batch), 256):
+        part = batch[start : start + 256]
+        width = int(part.lengths.max())
+        logits = model(part.tokens[:, :width], positions=part.positions["query"]).float()
+        correct.append(logits.argmax(-1) == part.answers)
+        p_answer.append(logits.softmax(-1).gather(1, part.answers[:, None])[:, 0])
+    model.train(was_training)
+    key, query = batch.positions["key"].cpu(), batch.positions["query"].cpu()
+    return pd.DataFrame(
+        {
+            "example": range(len(batch)),
+            "key_position": key.numpy(),
+            "query_position": query.numpy(),
+            "distance": (query - key).numpy(),
+            "correct": torch.cat(correct).cpu().numpy(),
+            "p_answer": torch.cat(p_answer).cpu().numpy(),
+        }
+    )
 
 
 def _with_corruption_options(task, options: Mapping[str, object]):
@@ -132,13 +167,21 @@ def finished_runs(path: str | Path) -> list[Path]:
     return sorted(p.parent for p in path.glob(f"*/{RESULT}"))
 
 
-def evaluate_all(path: str | Path, progress: bool = True, **options) -> pd.DataFrame:
-    """`evaluate_run` on every finished run under `path`; returns all grids concatenated."""
+def evaluate_all(
+    path: str | Path, progress: bool = True, over_training: bool = True, **options
+) -> pd.DataFrame:
+    """`evaluate_run` on every finished run under `path` (and, with `over_training`, the
+    read-outs of every kept checkpoint: mecheval.over_training); returns all grids
+    concatenated."""
+    from mecheval.over_training import evaluate_over_training
+
     runs = finished_runs(path)
     if not runs:
         raise FileNotFoundError(f"no finished run in {path} (a run folder holds {RESULT})")
-    tables = [
-        evaluate_run(run, **options)
-        for run in tqdm(runs, desc="evaluate", unit="run", disable=not progress)
-    ]
+    tables = []
+    for run in tqdm(runs, desc="evaluate", unit="run", disable=not progress):
+        tables.append(evaluate_run(run, **options))
+        if over_training:
+            keep = ("split", "device", "seed", "memory_budget", "force")
+            evaluate_over_training(run, **{k: v for k, v in options.items() if k in keep})
     return pd.concat(tables, ignore_index=True)

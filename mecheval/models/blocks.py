@@ -93,7 +93,9 @@ def build_mixer(config: ModelConfig, layer_idx: int) -> nn.Module:
 
     base_conv alternates a short conv (even layers) and an implicit long conv (odd layers);
     based alternates a BaseConv short conv (even) and Based linear attention (odd), as zoology
-    configures them for the study (so a 1-layer based model is a single BaseConv layer).
+    configures them for the study (so a 1-layer based model is a single BaseConv layer). The
+    study's Based ablation: base_conv_long has the implicit long conv in every layer, based_long
+    alternates a long-conv BaseConv (even) and Based linear attention (odd).
     """
     arch, d, o = config.arch, config.d_model, config.option
     if arch == "attention":
@@ -101,8 +103,12 @@ def build_mixer(config: ModelConfig, layer_idx: int) -> nn.Module:
     if arch == "base_conv":
         width = o("d_conv") if layer_idx % 2 == 0 else -1
         return BaseConv(d, config.l_max, kernel_size=width, filter_order=o("filter_order"))
-    if arch == "based":
+    if arch == "base_conv_long":
+        return BaseConv(d, config.l_max, kernel_size=-1, filter_order=o("filter_order"))
+    if arch in ("based", "based_long"):
         if layer_idx % 2 == 0:
+            if arch == "based_long":
+                return BaseConv(d, config.l_max, kernel_size=-1, filter_order=o("filter_order"))
             return BaseConv(d, config.l_max, kernel_size=o("d_conv"))
         return BasedLinearAttention(d, feature_dim=o("feature_dim"), num_heads=o("num_heads"))
     if arch == "h3":

@@ -14,7 +14,9 @@ from dataclasses import KW_ONLY, dataclass
 ARCHITECTURES: tuple[str, ...] = (
     "attention",
     "base_conv",
+    "base_conv_long",
     "based",
+    "based_long",
     "h3",
     "hyena",
     "mamba",
@@ -23,12 +25,23 @@ ARCHITECTURES: tuple[str, ...] = (
     "deltanet_noconv",
 )
 
+# base_conv_long and based_long are the study's Based ablation (its base_conv_long_only and
+# based_long_only): BaseConv with the implicit long conv in every layer, and Based whose BaseConv
+# layers use the implicit long conv instead of the short one.
+#
 # Architecture -> {option: default}. An option absent here does not apply to the architecture.
 # d_state None for h3 means "l_max" (the study sets H3's state size to its sizing length).
 _DEFAULTS: dict[str, dict[str, object]] = {
     "attention": {"position_embeddings": True, "num_heads": 1},
     "base_conv": {"position_embeddings": False, "d_conv": 3, "filter_order": 16},
+    "base_conv_long": {"position_embeddings": False, "filter_order": 16},
     "based": {"position_embeddings": False, "d_conv": 3, "feature_dim": 8, "num_heads": 1},
+    "based_long": {
+        "position_embeddings": False,
+        "filter_order": 16,
+        "feature_dim": 8,
+        "num_heads": 1,
+    },
     "h3": {"position_embeddings": False, "d_state": None, "head_dim": 2},
     "hyena": {"position_embeddings": False, "d_conv": 3, "filter_order": 64},
     "mamba": {"position_embeddings": False, "d_state": 16, "d_conv": 4, "expand": 2},
@@ -46,7 +59,7 @@ _DEFAULT_D_CONV_RANGE = (1, 8)
 # from it, whatever the document length.
 STUDY_L_MAX = 1024
 # Architectures whose layers are laid out for l_max (sequences may not exceed it).
-_SIZED_BY_L_MAX = ("base_conv", "h3", "hyena")
+_SIZED_BY_L_MAX = ("base_conv", "base_conv_long", "based_long", "h3", "hyena")
 
 INIT_SCHEMES = ("study", "pytorch")
 
@@ -84,8 +97,8 @@ class ModelConfig:
         num_heads: attention, based, deltanet (1).
         head_dim: h3 (2).
         feature_dim: based's feature dimension before the Taylor map (8).
-        filter_order: width of the implicit long filter's MLP: hyena (64), base_conv's long
-            convs (16).
+        filter_order: width of the implicit long filter's MLP: hyena (64), the long convs of
+            base_conv, base_conv_long and based_long (16).
         init: weight initialisation. "study": the study's (zoology's GPT-2 style: Linear and
             embeddings ~ N(0, 0.02), residual outputs scaled; mamba-ssm's scheme for Mamba).
             "pytorch": every module's own PyTorch default (embeddings ~ N(0, 1)); much faster

@@ -12,12 +12,23 @@ nonterminal drawn uniformly among all nonterminals anew for every sentence (as t
 generator does), and a sentence is redrawn (start symbol included) when it is shorter than 3,
 longer than `max_length`, or has no eligible query.
 
-Query: an eligible child is a token that has a parent and is the rightmost occurrence of its
-terminal in the sentence. The parent position (the target) is drawn uniformly among positions
-with an eligible child, then the child uniformly among its eligible children. Named positions:
-`key` = the child's position, `value` = its parent's position (always to the right of `key`),
-`divider = n + 1`, `query = n + 2`, `answer = n + 3`. Corruptions at `key` and `value` draw
-from the terminal ids.
+Query (`query="parent"`, the default): an eligible child is a token that has a parent and is
+the rightmost occurrence of its terminal in the sentence. The parent position (the target) is
+drawn uniformly among positions with an eligible child, then the child uniformly among its
+eligible children. Named positions: `key` = the child's position, `value` = its parent's
+position (always to the right of `key`), `divider = n + 1`, `query = n + 2`, `answer = n + 3`.
+Corruptions at `key` and `value` draw from the terminal ids.
+
+Sibling queries (`query="sibling"`, the study's "sibling" experiments, its multihop language
+with parent and child queries off): the answer to a query token is the rightmost of the tokens
+that share its parent, the query itself included, so a token with no sibling to its right
+(and the root) answers itself. A (query, target) pair is eligible when both are the rightmost
+occurrence of their terminal; the target is drawn uniformly among eligible targets, then the
+query among its eligible queries. The document has the same layout (only one query type is
+asked, so no query-type token, as in the study); `key` is the query's position and `value` the
+target's, at or to the right of `key` (equal when the query answers itself). Sibling queries
+take no holdout. The option appears in `config()` only when set, so the documents and cache
+keys of parent queries are those of generator version 2.
 
 Held-out pairs (`holdout = h > 0`): a `PairHoldout` over (parent terminal, child terminal)
 pairs, salted with the grammar seed, marks a fraction h of the T*T pairs (exactly
@@ -43,6 +54,7 @@ from mecheval.tasks.tree_sampler import (
     TreeSampler,
     choose_queries,
     rightmost_occurrence,
+    rightmost_sibling,
 )
 
 BLOCK_DRAWS = 1024
@@ -55,6 +67,7 @@ MIN_BLOCKS_BEFORE_GIVING_UP = 16
 AUTO_TERMINAL_FACTOR = 20.0
 """`terminal_factor="auto"` means this factor when `num_terminals > 20`, else None."""
 _GRAMMAR_STREAM = 0
+QUERY_RELATIONS = ("parent", "sibling")
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,8 @@ class AssociativeTreecall(Task):
         holdout: fraction of (parent, child) terminal pairs queried only in test.
         seed: the grammar's seed.
         max_length: longest sentence kept, in terminals.
+        query: "parent" (the answer is the query token's parent) or "sibling" (the answer is
+            the rightmost token sharing the query's parent); see the module docstring.
     """
 
     max_rhs_len: int
@@ -102,6 +117,7 @@ class AssociativeTreecall(Task):
     holdout: float = 0.0
     seed: int = 0
     max_length: int = 1024
+    query: Literal["parent", "sibling"] = "parent"
     name = "atr"
     generator_version = 2
     """2: each sentence draws its own start nonterminal (1: one start symbol per grammar)."""
@@ -119,6 +135,10 @@ class AssociativeTreecall(Task):
         self._set_option("max_length", check_int("max_length", self.max_length, MIN_LENGTH))
         self._set_option("terminal_factor", self._resolve_terminal_factor())
         self._set_option("holdout", check_fraction("holdout", self.holdout))
+        if self.query not in QUERY_RELATIONS:
+            raise ValueError(f"option 'query' must be one of {QUERY_RELATIONS}, got {self.query!r}")
+        if self.query == "sibling" and self.holdout > 0:
+            raise ValueError("option 'holdout' is not offered with query='sibling'")
         held_out = None
         if self.holdout > 0:
             held_out = PairHoldout(self.num_terminals, self.num_terminals, self.holdout, self.seed)
@@ -144,6 +164,14 @@ class AssociativeTreecall(Task):
         if option.name == "terminal_factor":
             return AUTO_TERMINAL_FACTOR if self.num_terminals > 20 else None
         return option.default
+
+    def config(self) -> dict[str, Any]:
+        """The options, `query` only when it is not "parent" (so parent-query tasks keep the
+        data identity, hence the documents and cache keys, they had before the option)."""
+        config = super().config()
+        if config["query"] == "parent":
+            del config["query"]
+        return config
 
     @property
     def pairs_held_out(self) -> PairHoldout | None:
@@ -251,7 +279,12 @@ class AssociativeTreecall(Task):
         num_sentences = len(sentences.lengths)
         sentence_ids = sentences.sentence_ids
         eligible = rightmost_occurrence(sentence_ids, sentences.terminals, self.num_terminals)
-        eligible &= sentences.parents >= 0
+        if self.query == "sibling":
+            targets = rightmost_sibling(sentence_ids, sentences.positions, sentences.parents)
+            eligible &= eligible[sentences.offsets[sentence_ids] + targets]
+        else:
+            targets = sentences.parents
+            eligible &= targets >= 0
         if self.pairs_held_out is not None:
             parent_flat = sentences.offsets[sentence_ids] + np.maximum(sentences.parents, 0)
             held = self.pairs_held_out.is_held_out(
@@ -260,7 +293,7 @@ class AssociativeTreecall(Task):
             eligible &= held if split == "test" else ~held
         target_draw, child_draw = rng.random(num_sentences), rng.random(num_sentences)
         child = choose_queries(
-            sentence_ids, sentences.parents, eligible, num_sentences, target_draw, child_draw
+            sentence_ids, targets, eligible, num_sentences, target_draw, child_draw
         )
         keep = child >= 0
         keep_tokens = keep[sentence_ids]
@@ -272,7 +305,7 @@ class AssociativeTreecall(Task):
             "head_nonterminal": sentences.head_nonterminal[keep_tokens],
             "head_rule": sentences.head_rule[keep_tokens],
             "child": child_position,
-            "parent": sentences.parents[child[keep]],
+            "parent": targets[child[keep]],
         }
         rejected = (sentences.num_too_short, sentences.num_too_long, int((~keep).sum()))
         return part, rejected

@@ -100,3 +100,23 @@ def choose_query_reference(
     parent = list(targets)[int(target_draw * len(targets))]
     children = targets[parent]
     return children[int(child_draw * len(children))], parent
+
+
+def eligible_sibling_targets(terminals: list[int], parents: list[int]) -> dict[int, list[int]]:
+    """Eligible sibling queries of one sentence (the study's sibling queries): target position
+    -> its eligible query positions.
+
+    A query's target is the rightmost of the tokens sharing its parent, itself included (the
+    root, which has no parent, and a token with no sibling to its right are their own targets).
+    A pair is eligible when the query and the target are each the rightmost occurrence of their
+    terminal. Keys and lists are in position order.
+    """
+    last = {terminal: position for position, terminal in enumerate(terminals)}
+    targets: dict[int, list[int]] = {}
+    for query, parent in enumerate(parents):
+        target = query
+        if parent >= 0:
+            target = max(p for p, other in enumerate(parents) if other == parent)
+        if last[terminals[query]] == query and last[terminals[target]] == target:
+            targets.setdefault(target, []).append(query)
+    return dict(sorted(targets.items()))

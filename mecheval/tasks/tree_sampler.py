@@ -270,6 +270,33 @@ def rightmost_occurrence(
     return out
 
 
+def rightmost_sibling(
+    sentence_ids: np.ndarray, positions: np.ndarray, parents: np.ndarray
+) -> np.ndarray:
+    """The target of each token's sibling query: the rightmost position among the tokens that
+    share its parent, the token itself included (so a token with no sibling to its right, and
+    the root, which has no parent, are their own targets).
+
+    Args:
+        sentence_ids: `(M,)` int64, non-decreasing; tokens of a sentence in position order.
+        positions: `(M,)` int64 position of each token within its sentence.
+        parents: `(M,)` int64 parent position within the sentence, -1 for the root.
+
+    Returns:
+        `(M,)` int64 position within the sentence.
+    """
+    out = positions.copy()
+    child = np.flatnonzero(parents >= 0)
+    if len(child) == 0:
+        return out
+    width = int(parents.max()) + 1
+    _, family = np.unique(sentence_ids[child] * width + parents[child], return_inverse=True)
+    rightmost = np.full(int(family.max()) + 1, -1, dtype=np.int64)
+    np.maximum.at(rightmost, family, positions[child])
+    out[child] = rightmost[family]
+    return out
+
+
 def choose_queries(
     sentence_ids: np.ndarray,
     parents: np.ndarray,
@@ -280,6 +307,8 @@ def choose_queries(
 ) -> np.ndarray:
     """Pick one (child, parent) query per sentence: the parent uniformly among the positions
     that have an eligible child, then the child uniformly among that parent's eligible children.
+    Any query relation works: `parents` may hold each token's target under another relation
+    (e.g. `rightmost_sibling`), with "child" reading "query" and "parent" reading "target".
 
     Args:
         sentence_ids: `(M,)` int64, non-decreasing, tokens in position order within a sentence.

@@ -100,6 +100,15 @@ def latest_checkpoint(root: Path) -> Path | None:
     return path if (path / "state.json").exists() else None
 
 
+def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """Every complete checkpoint under `root` as (step, folder), oldest first."""
+    found = []
+    for path in root.glob("step_*"):
+        if (path / "state.json").exists():
+            found.append((int(path.name.removeprefix("step_")), path))
+    return sorted(found)
+
+
 def load_checkpoint(
     path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
 ) -> dict[str, Any]:

@@ -245,19 +245,20 @@ def _train(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
 
 
 def load_trained_model(
-    run_dir: str | Path, device: str = "cpu"
+    run_dir: str | Path, device: str = "cpu", checkpoint: str | Path | None = None
 ) -> tuple[torch.nn.Module, Any, TrainConfig]:
-    """(model with the run's final weights, its task, its config) from a finished run folder."""
+    """(model with the run's weights, its task, its config) from a run folder: the newest
+    checkpoint's weights, or those of `checkpoint` (a checkpoint folder of the run)."""
     from mecheval.train.checkpoint import load_weights
 
     run_dir = Path(run_dir)
     config = from_dict(TrainConfig, yaml.safe_load((run_dir / "config.yaml").read_text()))
     task = build_task(config)
     model = build_model_for(config, task).to(device)
-    latest = latest_checkpoint(run_dir / "checkpoints")
-    if latest is None:
+    chosen = Path(checkpoint) if checkpoint else latest_checkpoint(run_dir / "checkpoints")
+    if chosen is None:
         raise FileNotFoundError(f"{run_dir} has no checkpoint")
-    load_weights(latest, model)
+    load_weights(chosen, model)
     model.eval()
     return model, task, config
 

@@ -60,6 +60,16 @@ def test_spec_defaults():
     assert isinstance(based.layers[0].mixer, BaseConv) and not based.layers[0].mixer.is_long
     assert isinstance(based.layers[1].mixer, BasedLinearAttention)
     assert based.layers[1].mixer.feature_dim == 8 and based.layers[1].mixer.num_heads == 1
+    long_only = build_model("base_conv_long", 50, 16, n_layers=3, max_len=8)
+    assert [b.mixer.is_long for b in long_only.layers] == [True, True, True]
+    assert long_only.layers[0].mixer.conv.z.shape == (1024, 3)
+    based_long = build_model("based_long", 50, 16, n_layers=3, max_len=8)
+    assert [type(b.mixer) for b in based_long.layers] == [
+        BaseConv,
+        BasedLinearAttention,
+        BaseConv,
+    ]
+    assert based_long.layers[0].mixer.is_long and based_long.layers[2].mixer.is_long
     hyena = build_model("hyena", 50, 16, max_len=8).layers[0].mixer
     assert hyena.filter_fn.order == 64 and hyena.short_filter.kernel_size == (3,)
     assert all(
@@ -97,6 +107,9 @@ def test_config_round_trips_through_a_plain_dict():
         (dict(n_layers=True), "n_layers must be an int"),
         (dict(arch="attention", d_state=16), "d_state do not apply to arch 'attention'"),
         (dict(arch="mamba_noconv", d_conv=4), "d_conv do not apply"),
+        (dict(arch="base_conv_long", d_conv=3), "d_conv do not apply"),
+        (dict(arch="based_long", d_conv=3), "d_conv do not apply"),
+        (dict(arch="based_long", max_len=40, l_max=32), r"l_max \(32\) must be >= max_len"),
         (dict(arch="mamba", feature_dim=8, num_heads=2), "num_heads, feature_dim do not apply"),
         (dict(arch="mamba", d_conv=5), "d_conv must be in 1..4"),
         (dict(arch="mamba", d_conv=0), "d_conv must be in 1..4"),

@@ -128,6 +128,8 @@ def test_state_sizes():
     assert make("base_conv").state_size() == d * 2 + d * n
     based_features = 1 + 8 + 8 * 9 // 2
     assert make("based").state_size() == d * 2 + (d + 1) * based_features
+    assert make("base_conv_long").state_size() == 2 * d * n
+    assert make("based_long").state_size() == d * n + (d + 1) * based_features
     N = 1024  # H3's state size: the sizing length l_max
     assert make("h3").state_size() == 2 * (d * N + (d // 2) * 4 * 2 * (N // 2))
     assert make("hyena").state_size() == 2 * (d * n + 3 * d * 2)
@@ -144,8 +146,10 @@ def _ops(arch: str) -> list[str]:
     return ops
 
 
-# attention and H3 call no kernel (softmax attention; H3's SSMs are FFT convolutions).
-KERNEL_ARCHS = [a for a in ARCHITECTURES if a not in ("attention", "h3")]
+# attention, H3 and the long-conv-only Based ablations call no kernel (softmax attention; H3's
+# SSMs are FFT convolutions; long convolutions and Based linear attention run in PyTorch).
+NO_KERNEL_ARCHS = ("attention", "h3", "base_conv_long", "based_long")
+KERNEL_ARCHS = [a for a in ARCHITECTURES if a not in NO_KERNEL_ARCHS]
 
 
 @pytest.mark.parametrize("arch", KERNEL_ARCHS)

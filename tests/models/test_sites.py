@@ -43,7 +43,9 @@ def rows():
 EXPECTED_SITES = {
     "attention": [],
     "base_conv": ["conv_input", "conv_output", "long_conv_input", "long_conv_output"],
+    "base_conv_long": ["long_conv_input", "long_conv_output"],
     "based": ["conv_input", "conv_output"],
+    "based_long": ["long_conv_input", "long_conv_output"],
     "h3": ["conv_input", "conv_output", "long_conv_input", "long_conv_output"],
     "hyena": ["conv_input", "conv_output", "long_conv_input", "long_conv_output"],
     "mamba": ["conv_input", "conv_output", "state"],

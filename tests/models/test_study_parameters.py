@@ -3,7 +3,11 @@
 size. The figures are the study's models (tinylang's zoology wrapper, its ar_32 configs: 2
 layers, vocabulary 8196, n_positions 1024, bias=False, MLP state mixer except Mamba), counted
 without token and position embeddings; layouts may differ (our conv weights and encodings
-drop the study's leading singleton axes), names are ours."""
+drop the study's leading singleton axes), names are ours. The Based ablation's models
+(base_conv_long, based_long: the study's base_conv_long_only and based_long_only) are counted
+from the same modules: zoology's BaseConv with kernel_size -1 (projection with bias and an
+implicit long conv, z of l_max x 3 and a Linear(3, 16), ReLU, Linear(16, d) filter) in place of
+the short-conv BaseConv."""
 
 from __future__ import annotations
 
@@ -17,7 +21,9 @@ STUDY_COUNTS = {
     64: {
         "attention": 99_712,
         "base_conv": 79_616,
+        "base_conv_long": 83_584,
         "based": 80_448,
+        "based_long": 84_416,
         "h3": 559_104,
         "hyena": 133_376,
         "mamba": 65_536,
@@ -25,7 +31,9 @@ STUDY_COUNTS = {
     256: {
         "attention": 1_578_496,
         "base_conv": 1_193_792,
+        "base_conv_long": 1_200_256,
         "based": 1_255_680,
+        "based_long": 1_262_144,
         "h3": 3_416_064,
         "hyena": 1_642_880,
         "mamba": 876_544,
@@ -36,16 +44,23 @@ STUDY_COUNTS = {
 # final norm), in the order the study lists them.
 _TRANSFORMER_BLOCK = [16384, 256, 16384, 64, 64, 64, 64, 64]  # fc1 w/b, fc2 w/b, norm1, norm2
 _LN_F = [64, 64]
+_LONG_BASE_CONV = [4096, 64, 3072, 48, 16, 1024, 64]  # projection w/b, z, filter MLP
 STUDY_SIZES_D64 = {
     "attention": 2 * ([12288, 4096, 64] + _TRANSFORMER_BLOCK) + _LN_F,
     "base_conv": [4096, 64, 192, 64]  # layer 0: projection w/b, short conv w/b
     + _TRANSFORMER_BLOCK
-    + [4096, 64, 3072, 48, 16, 1024, 64]  # layer 1: projection w/b, z, filter MLP
+    + _LONG_BASE_CONV  # layer 1
     + _TRANSFORMER_BLOCK
     + _LN_F,
+    "base_conv_long": 2 * (_LONG_BASE_CONV + _TRANSFORMER_BLOCK) + _LN_F,
     "based": [4096, 64, 192, 64]  # layer 0: BaseConv
     + _TRANSFORMER_BLOCK
     + [512, 512, 4096, 4096]  # layer 1: proj_q, proj_k, proj_v, proj_o
+    + _TRANSFORMER_BLOCK
+    + _LN_F,
+    "based_long": _LONG_BASE_CONV  # layer 0: long-conv BaseConv
+    + _TRANSFORMER_BLOCK
+    + [512, 512, 4096, 4096]  # layer 1: Based
     + _TRANSFORMER_BLOCK
     + _LN_F,
     "h3": 2

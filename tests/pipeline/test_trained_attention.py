@@ -9,35 +9,7 @@ import pytest
 from mecheval.evaluate import evaluate_run
 from mecheval.interventions import interchange_grid, per_cell_loop, readout
 from mecheval.report import build_report
-from mecheval.train import load_train_config, load_trained_model, train
-
-OVERRIDES = [
-    "task.options.num_pairs=4",
-    "task.options.num_keys=16",
-    "task.train_size=64000",
-    "task.eval_size=128",
-    "arch=attention",
-    "d_model=64",
-    "model.options.init=pytorch",
-    "steps=2400",
-    "seed=0",
-    "lr=1e-3",
-    "eval_every=600",
-    "checkpoint_every=600",
-    "progress=false",
-    "backend=torch",
-]
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("trained")
-    import os
-
-    os.environ["MECHEVAL_CACHE"] = str(root / "cache")
-    run = root / "attention"
-    result = train(load_train_config(None, OVERRIDES), run)
-    return run, result
+from mecheval.train import load_trained_model
 
 
 def test_attention_learns_associative_recall(trained):

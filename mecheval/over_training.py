@@ -1,0 +1,122 @@
+"""Mechanisms over training: the read-outs of every checkpoint a run kept.
+
+    evaluate_over_training(run_dir)   -> run_dir/readouts_over_training.parquet
+
+The study ran its interchange evaluation every 1,000 training steps. mecheval evaluates, after
+training, every checkpoint the run kept (`checkpoint_every` spaces them, `keep_checkpoints`
+keeps them), on the read-out cells only, which makes it cheap: the key corrupted, and
+- 2-layer models: layer 1's block input at key, value and query (direct late, induction,
+  direct early);
+- other depths: each layer's mixer output at the query;
+- models with a layer-0 short conv (Mamba, ...): its output at value, value+1 and value+2
+  (`conv_value`, `conv_value+1`, `conv_value+2`), where the study finds Mamba's association.
+One row per checkpoint: step, accuracy on the evaluation documents, the read-outs and the
+mechanism label. A run already evaluated with the same settings and checkpoints is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from mecheval.evaluate import document_records
+from mecheval.interventions import interchange_grid, readout, readout_cells
+from mecheval.io import atomic_write_json, atomic_write_parquet
+from mecheval.train.checkpoint import list_checkpoints
+from mecheval.train.loop import load_trained_model
+
+OVER_TRAINING = "readouts_over_training.parquet"
+CONV_POSITIONS = ("value", "value+1", "value+2")
+
+
+def readout_grids(model, batch, corrupted, memory_budget: int = 1 << 30) -> pd.DataFrame:
+    """The interchange grid of the read-out cells (see the module docstring)."""
+    depth = len(model.layers)
+    cells = readout_cells(depth)
+    layers = sorted({layer for layer, _, _ in cells.values()})
+    sites = sorted({site for _, site, _ in cells.values()})
+    positions = list(dict.fromkeys(position for _, _, position in cells.values()))
+    grids = [
+        interchange_grid(
+            model,
+            batch,
+            corrupted,
+            layers=layers,
+            sites=sites,
+            positions=positions,
+            memory_budget=memory_budget,
+        )
+    ]
+    if "layers.0.conv_output" in model.site_names():
+        grids.append(
+            interchange_grid(
+                model,
+                batch,
+                corrupted,
+                layers=[0],
+                sites=["conv_output"],
+                positions=list(CONV_POSITIONS),
+                memory_budget=memory_budget,
+            )
+        )
+    return pd.concat(grids, ignore_index=True)
+
+
+def _conv_readouts(grid: pd.DataFrame) -> dict[str, float]:
+    cells = grid[(grid["layer"] == 0) & (grid["site"] == "conv_output")]
+    if cells.empty:
+        return {}
+    means = cells.groupby("position")[["p_original", "p_corrupted", "p_restored"]].mean()
+    out = {}
+    for position in CONV_POSITIONS:
+        if position in means.index:
+            m = means.loc[position]
+            effect = m["p_original"] - m["p_corrupted"]
+            out[f"conv_{position}"] = (
+                (m["p_restored"] - m["p_corrupted"]) / effect if effect > 0.01 else float("nan")
+            )
+    return out
+
+
+def evaluate_over_training(
+    run_dir: str | Path,
+    split: str = "dev",
+    device: str = "cpu",
+    seed: int = 0,
+    memory_budget: int = 1 << 30,
+    force: bool = False,
+) -> pd.DataFrame:
+    """The read-outs of every kept checkpoint of a run (see the module docstring).
+
+    Returns:
+        one row per checkpoint: step, accuracy, the read-out columns of
+        `mecheval.interventions.readout` (and conv_* for models with a short conv), mechanism.
+    """
+    run_dir = Path(run_dir)
+    out = run_dir / OVER_TRAINING
+    checkpoints = list_checkpoints(run_dir / "checkpoints")
+    if not checkpoints:
+        raise FileNotFoundError(f"{run_dir} has no checkpoint")
+    settings = {"split": split, "seed": seed, "steps": [step for step, _ in checkpoints]}
+    stamp = run_dir / "readouts_over_training.json"
+    if out.exists() and stamp.exists() and not force and json.loads(stamp.read_text()) == settings:
+        return pd.read_parquet(out)
+    rows = []
+    for step, path in checkpoints:
+        model, task, config = load_trained_model(run_dir, device=device, checkpoint=path)
+        batch = task.dataset(split, size=config.task.eval_size).to(device)
+        corrupted = task.corrupt(batch, at="key", seed=seed)
+        grid = readout_grids(model, batch, corrupted, memory_budget=memory_budget)
+        main = grid[~((grid["layer"] == 0) & (grid["site"] == "conv_output"))]
+        scores = readout(main).iloc[0].to_dict()
+        row = {"step": step, "accuracy": float(document_records(model, batch)["correct"].mean())}
+        row.update(scores)
+        row.update(_conv_readouts(grid))
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    table.insert(0, "run", run_dir.name)
+    atomic_write_parquet(out, table)
+    atomic_write_json(stamp, settings)
+    return table

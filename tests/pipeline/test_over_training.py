@@ -1,0 +1,78 @@
+"""Mechanisms over training and per-document records: every kept checkpoint gets a row, the
+final one equals the read-outs of the full evaluation grid, and documents record their
+key-to-query distance and whether the model answers them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mecheval.evaluate import EXAMPLES, evaluate_run
+from mecheval.interventions import attrib, readout
+from mecheval.over_training import _conv_readouts, evaluate_over_training
+
+IDENTITY = ["run", "arch", "d_model", "n_layers", "lr", "task", "accuracy", "corruption"]
+
+
+def test_every_kept_checkpoint_has_a_row_and_the_last_equals_the_full_grid(trained):
+    run, _ = trained
+    table = evaluate_over_training(run)
+    assert list(table["step"]) == [600, 1200, 1800, 2400]
+    full = evaluate_run(run)
+    key = full[full["corruption"] == "key"].drop(columns=[*IDENTITY, "replacement_ids"])
+    expected = readout(key).iloc[0]
+    last = table.iloc[-1]
+    for name in ("induction", "direct_early", "direct_late"):
+        assert last[name] == pytest.approx(expected[name], abs=1e-6)
+    assert last["mechanism"] == expected["mechanism"] == "induction"
+    assert last["accuracy"] == pytest.approx(full["accuracy"].iloc[0])
+    # Induction forms during training: the model answers more, and reads out more as induction,
+    # at the end than at the first kept checkpoint.
+    assert table["accuracy"].iloc[-1] > table["accuracy"].iloc[0]
+    assert not any(c.startswith("conv_") for c in table)  # attention has no short conv
+    # A second call reuses the stored table.
+    assert evaluate_over_training(run).equals(table)
+
+
+def test_conv_readouts_are_the_attrib_of_the_conv_cells():
+    rng = np.random.default_rng(0)
+    rows = []
+    for example in range(30):
+        po, pc = rng.uniform(0.5, 1), rng.uniform(0, 0.2)
+        for position, fraction in (("value", 0.1), ("value+1", 0.9), ("value+2", 0.5)):
+            for layer, site in ((0, "conv_output"), (1, "block_input")):
+                rows.append(
+                    {
+                        "example": example,
+                        "layer": layer,
+                        "site": site,
+                        "position": position,
+                        "p_original": po,
+                        "p_corrupted": pc,
+                        "p_restored": pc + fraction * (po - pc) + rng.normal(0, 0.05),
+                    }
+                )
+    grid = pd.DataFrame(rows)
+    got = _conv_readouts(grid)
+    cells = attrib(grid.assign(position_index=0, logit_restored=0.0, kl=0.0))
+    cells = cells[cells["site"] == "conv_output"].set_index("position")
+    assert set(got) == {"conv_value", "conv_value+1", "conv_value+2"}
+    for position in ("value", "value+1", "value+2"):
+        assert got[f"conv_{position}"] == pytest.approx(cells.loc[position, "attrib"])
+
+
+def test_documents_record_distance_and_correctness(trained):
+    run, _ = trained
+    evaluate_run(run)
+    examples = pd.read_parquet(run / EXAMPLES)
+    assert len(examples) == 128
+    # AR with 4 pairs: the query sits at 2P + 2 = 10, the queried key at 1 + 2j.
+    assert set(examples["query_position"]) == {10}
+    np.testing.assert_array_equal(
+        examples["distance"], examples["query_position"] - examples["key_position"]
+    )
+    assert set(examples["distance"]) <= {3, 5, 7, 9}
+    full = pd.read_parquet(run / "interventions.parquet")
+    assert examples["correct"].mean() == pytest.approx(full["accuracy"].iloc[0])
+    assert ((examples["p_answer"] > 0) & (examples["p_answer"] <= 1)).all()
