@@ -104,7 +104,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         args.overrides, args.config = [args.config, *args.overrides], None
     config = load_run_config(args.config, args.overrides)
     done = run_pipeline(config, args.out)
-    print(summary(done["mechanisms"]))
+    print(summary(done["mechanisms"], done["findings"]))
     print(f"report: {done['report'] / 'report.md'} ({time.time() - start:.0f} s)")
     return 0 if (done["results"]["status"] == "finished").all() else 1
 

@@ -72,7 +72,7 @@ def run_pipeline(config: RunConfig, out: str | Path, progress: bool = True) -> d
         {"results": sweep table, "mechanisms": read-out table, "report": report folder}
     """
     from mecheval.evaluate import evaluate_all
-    from mecheval.report import best_runs, build_report, collect_results, mechanism_table
+    from mecheval.report import build_report
     from mecheval.sweep import expand_sweep, run_sweep
 
     out = Path(out)
@@ -98,17 +98,22 @@ def run_pipeline(config: RunConfig, out: str | Path, progress: bool = True) -> d
             memory_budget=e.memory_budget,
         )
     report = build_report(out)
-    mechanisms = mechanism_table(best_runs(collect_results(out)))
-    return {"results": table, "mechanisms": mechanisms, "report": report}
+    evidence = pd.read_parquet(report / "evidence.parquet")
+    findings = pd.read_parquet(report / "findings.parquet")
+    return {"results": table, "mechanisms": evidence, "findings": findings, "report": report}
 
 
-def summary(mechanisms: pd.DataFrame) -> str:
-    """The mechanism table as text, for the terminal."""
-    if mechanisms.empty:
-        return "no evaluated run"
+def summary(mechanisms: pd.DataFrame, findings: pd.DataFrame | None = None) -> str:
+    """The findings' verdicts and the mechanism table as text, for the terminal."""
+    lines = []
+    if findings is not None and not findings.empty:
+        lines += [f"finding {r.finding}: {r.verdict:22s} {r.claim}" for r in findings.itertuples()]
+    if mechanisms.empty or "mechanism" not in mechanisms:
+        return "\n".join([*lines, "no evaluated run"])
     columns = [
         c
         for c in (
+            "task",
             "arch",
             "d_model",
             "dev_accuracy",
@@ -119,4 +124,5 @@ def summary(mechanisms: pd.DataFrame) -> str:
         )
         if c in mechanisms
     ]
-    return mechanisms[columns].to_string(index=False, float_format=lambda v: f"{v:.3f}")
+    table = mechanisms[mechanisms["mechanism"].notna()][columns]
+    return "\n".join([*lines, table.to_string(index=False, float_format=lambda v: f"{v:.3f}")])

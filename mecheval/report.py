@@ -1,17 +1,22 @@
-"""The report of a set of trained and evaluated runs: accuracy and mechanism side by side.
+"""The report of a set of trained and evaluated runs: the study's findings, accuracy and
+mechanism side by side.
 
-    build_report(path) -> path/report/{report.md, report.html, *.png}
+    build_report(path) -> path/report/{report.md, report.html, *.png, *.parquet}
 
 Contents:
-- accuracy: the best learning rate per (task, architecture, width), by final dev accuracy (the
-  study's selection), with its dev and test accuracy;
+- findings: the study's five findings, each with the study's numbers, ours and a verdict
+  computed from the runs (mecheval.findings);
+- accuracy: the best learning rate per (task, architecture, width, depth), by final dev
+  accuracy, with its dev and test accuracy;
 - mechanism: for each selected run, key corrupted, the Attrib of restoring layer 1's block
   input at the value (induction), the query (direct retrieval, early) and the key (direct,
-  late), and the label these give (mecheval.interventions.readout);
-- Attrib heatmaps of each selected run: (layer, site) x position, key corruption;
-- a scatter of value- vs query-Attrib across architectures;
-- for Mamba runs, the read-outs inside the layer-0 short conv: its output at the value, the
-  next key (value+1) and value+2.
+  late), each with a 95% bootstrap interval over documents (and over seeds where the
+  configuration ran with several), and the label these give;
+- the read-outs inside a layer-0 short conv (its output at value, value+1, value+2);
+- mechanisms over training: when each read-out first reaches 0.5, and a plot;
+- accuracy and read-outs by key-to-query distance;
+- Attrib heatmaps of each selected run, and a value-vs-query scatter.
+The tables are also written as Parquet (evidence, findings, over_training, distance).
 """
 
 from __future__ import annotations
@@ -20,15 +25,21 @@ import html
 import json
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from mecheval.evaluate import INTERVENTIONS, finished_runs  # noqa: E402
-from mecheval.interventions import MECHANISM_THRESHOLD, attrib, readout  # noqa: E402
-from mecheval.train.loop import RESULT  # noqa: E402
+from mecheval.analysis import (
+    distance_table,
+    evidence_table,
+    formation_steps,
+    key_grid,
+    over_training_table,
+)
+from mecheval.evaluate import INTERVENTIONS, finished_runs
+from mecheval.findings import findings_table
+from mecheval.interventions import MECHANISM_THRESHOLD, attrib
+from mecheval.io import atomic_write_parquet
+from mecheval.plots import heatmap, over_training, value_vs_query
+from mecheval.train.loop import RESULT
 
 MODEL = ["task", "arch", "d_model", "n_layers"]
 
@@ -44,10 +55,12 @@ def collect_results(path: str | Path) -> pd.DataFrame:
                 "run": run.name,
                 "path": str(run),
                 "task": config["task"]["name"],
+                "task_label": json.dumps(config["task"], sort_keys=True),
                 "arch": config["model"]["arch"],
                 "d_model": config["model"]["d_model"],
                 "n_layers": config["model"]["n_layers"],
                 "lr": config["optim"]["lr"],
+                "seed": config["seed"],
                 "dev_accuracy": result["dev_accuracy"],
                 "test_accuracy": result["test_accuracy"],
                 "steps": result["steps"],
@@ -64,31 +77,8 @@ def best_runs(results: pd.DataFrame) -> pd.DataFrame:
     return ordered.groupby(MODEL, sort=False).head(1).sort_values(MODEL).reset_index(drop=True)
 
 
-def mechanism_table(best: pd.DataFrame) -> pd.DataFrame:
-    """Read-outs (key corruption) of the selected runs that have been evaluated."""
-    rows = []
-    for _, run in best[best["evaluated"]].iterrows():
-        grid = pd.read_parquet(Path(run["path"]) / INTERVENTIONS)
-        grid = grid[grid["corruption"] == "key"].drop(
-            columns=["corruption", "task", "accuracy", "lr", "replacement_ids"], errors="ignore"
-        )
-        scores = readout(grid.drop(columns=["run", "arch", "d_model", "n_layers"]))
-        row = {k: run[k] for k in (*MODEL, "lr", "dev_accuracy")}
-        row.update(scores.iloc[0].to_dict())
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def _attrib_of(run: pd.Series, corruption: str = "key") -> pd.DataFrame:
-    grid = pd.read_parquet(Path(run["path"]) / INTERVENTIONS)
-    grid = grid[grid["corruption"] == corruption]
-    identity = ["run", "arch", "d_model", "n_layers", "lr", "task", "accuracy", "corruption"]
-    return attrib(grid.drop(columns=[*identity, "replacement_ids"], errors="ignore"))
-
-
 def corruption_note(best: pd.DataFrame) -> str:
-    """Which ids the evaluated runs' corruptions drew from, e.g. "key: ids 3..4098; value:
-    ids 3..4098" per task."""
+    """Which ids the evaluated runs' corruptions drew from, per task."""
     seen: dict[str, dict[str, str]] = {}
     for _, run in best[best["evaluated"]].iterrows():
         grid = pd.read_parquet(Path(run["path"]) / INTERVENTIONS)
@@ -104,67 +94,44 @@ def corruption_note(best: pd.DataFrame) -> str:
     return "Corrupting tokens: " + (" | ".join(parts) if parts else "not recorded") + "."
 
 
-def _heatmap(run: pd.Series, out: Path) -> str | None:
-    table = _attrib_of(run)
-    if table.empty:
-        return None
-    table["row"] = "L" + table["layer"].astype(str) + " " + table["site"]
-    order = list(dict.fromkeys(table.sort_values(["layer"], kind="stable")["row"]))
-    columns = list(dict.fromkeys(table["position"]))
-    grid = table.pivot(index="row", columns="position", values="attrib").reindex(
-        index=order, columns=columns
-    )
-    fig, ax = plt.subplots(figsize=(1.1 * len(columns) + 3, 0.32 * len(order) + 1.5))
-    image = ax.imshow(grid.to_numpy(dtype=float), cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
-    ax.set_xticks(range(len(columns)), columns, rotation=45, ha="right")
-    ax.set_yticks(range(len(order)), order, fontsize=8)
-    ax.set_title(
-        f"{run['arch']} d={run['d_model']}: Attrib, key corrupted (acc {run['dev_accuracy']:.2f})"
-    )
-    fig.colorbar(image, ax=ax, label="Attrib")
-    fig.tight_layout()
-    name = f"heatmap_{run['arch']}_d{run['d_model']}_l{run['n_layers']}.png"
-    fig.savefig(out / name, dpi=110)
-    plt.close(fig)
-    return name
+def _with_interval(frame: pd.DataFrame, name: str) -> pd.Series:
+    def cell(row: pd.Series) -> str:
+        value = row.get(name)
+        if value is None or pd.isna(value):
+            return ""
+        text = f"{value:.2f}"
+        low = row.get(f"{name}_low")
+        if low is not None and not pd.isna(low):
+            text += f" [{low:.2f}, {row[f'{name}_high']:.2f}]"
+        seeds_low = row.get(f"{name}_seeds_low")
+        if seeds_low is not None and not pd.isna(seeds_low):
+            text += f" seeds [{seeds_low:.2f}, {row[f'{name}_seeds_high']:.2f}]"
+        return text
+
+    return frame.apply(cell, axis=1)
 
 
-def _scatter(mechanisms: pd.DataFrame, out: Path) -> str | None:
-    two_layer = (
-        mechanisms.dropna(subset=["induction", "direct_early"])
-        if "induction" in mechanisms
-        else None
-    )
-    if two_layer is None or two_layer.empty:
-        return None
-    fig, ax = plt.subplots(figsize=(5.5, 5))
-    for arch, part in two_layer.groupby("arch"):
-        ax.scatter(part["direct_early"], part["induction"], label=arch, s=40)
-    ax.plot([0, 1], [0, 1], color="grey", lw=0.5)
-    ax.set_xlabel("Attrib at query (direct retrieval, early)")
-    ax.set_ylabel("Attrib at value (induction)")
-    ax.set_title("Layer 1 block input, key corrupted")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "value_vs_query.png", dpi=110)
-    plt.close(fig)
-    return "value_vs_query.png"
+def mechanism_display(evidence: pd.DataFrame) -> pd.DataFrame:
+    """The evaluated rows of the evidence, read-outs shown with their intervals."""
+    if evidence.empty or "mechanism" not in evidence:
+        return pd.DataFrame()
+    shown = evidence[evidence["mechanism"].notna()]
+    names = [c for c in shown if f"{c}_low" in shown and not c.startswith("conv_")]
+    columns = {c: shown[c] for c in ("task", "arch", "d_model", "n_layers", "dev_accuracy")}
+    columns.update({name: _with_interval(shown, name) for name in names})
+    columns["mechanism"] = shown["mechanism"]
+    columns["seeds"] = shown["seeds"]
+    return pd.DataFrame(columns)
 
 
-def mamba_conv_readouts(best: pd.DataFrame) -> pd.DataFrame:
-    """Layer-0 short conv of Mamba runs: Attrib of its output at value, value+1, value+2."""
-    rows = []
-    for _, run in best[best["evaluated"] & best["arch"].str.startswith("mamba")].iterrows():
-        table = _attrib_of(run)
-        cells = table[(table["layer"] == 0) & (table["site"] == "conv_output")]
-        if cells.empty:
-            continue
-        row = {k: run[k] for k in ("arch", "d_model", "dev_accuracy")}
-        for position in ("value", "value+1", "value+2"):
-            hit = cells[cells["position"] == position]
-            row[position] = float(hit["attrib"].iloc[0]) if len(hit) else float("nan")
-        rows.append(row)
-    return pd.DataFrame(rows)
+def conv_display(evidence: pd.DataFrame) -> pd.DataFrame:
+    names = [c for c in evidence if c.startswith("conv_") and f"{c}_low" in evidence]
+    if not names:
+        return pd.DataFrame()
+    shown = evidence.dropna(subset=names, how="all")
+    columns = {c: shown[c] for c in ("task", "arch", "d_model", "dev_accuracy")}
+    columns.update({name: _with_interval(shown, name) for name in names})
+    return pd.DataFrame(columns)
 
 
 def _markdown(frame: pd.DataFrame) -> str:
@@ -180,8 +147,22 @@ def _markdown(frame: pd.DataFrame) -> str:
     return "\n".join([header, rule, *body]) + "\n"
 
 
+def _heatmaps(best: pd.DataFrame, out: Path) -> list[str]:
+    names = []
+    for _, run in best[best["evaluated"]].iterrows():
+        cells = attrib(key_grid(run["path"]))
+        title = (
+            f"{run['task']} {run['arch']} d={run['d_model']}: Attrib, key corrupted "
+            f"(acc {run['dev_accuracy']:.2f})"
+        )
+        name = f"heatmap_{run['task']}_{run['arch']}_d{run['d_model']}_l{run['n_layers']}.png"
+        if heatmap(cells, title, out, name):
+            names.append(name)
+    return names
+
+
 def build_report(path: str | Path, out: str | Path | None = None) -> Path:
-    """Write report.md, report.html and the PNG plots; returns the report folder."""
+    """Write report.md, report.html, the PNG plots and the tables; returns the report folder."""
     path = Path(path)
     out = Path(out) if out else path / "report"
     out.mkdir(parents=True, exist_ok=True)
@@ -189,56 +170,83 @@ def build_report(path: str | Path, out: str | Path | None = None) -> Path:
     if results.empty:
         raise FileNotFoundError(f"no finished run under {path}")
     best = best_runs(results)
-    mechanisms = mechanism_table(best)
-    conv = mamba_conv_readouts(best)
-    plots = [name for _, run in best[best["evaluated"]].iterrows() if (name := _heatmap(run, out))]
-    scatter = _scatter(mechanisms, out) if not mechanisms.empty else None
+    evidence = evidence_table(best, results)
+    findings = findings_table(evidence[evidence["n_layers"] == 2])
+    over = over_training_table(best)
+    formation = formation_steps(over)
+    distance = distance_table(best)
+    for name, table in (
+        ("evidence", evidence),
+        ("findings", findings),
+        ("over_training", over),
+        ("distance", distance),
+    ):
+        atomic_write_parquet(out / f"{name}.parquet", table)
 
-    accuracy = best[[*MODEL, "lr", "dev_accuracy", "test_accuracy", "steps", "wall_time_s"]]
+    accuracy = best[[*MODEL, "lr", "seed", "dev_accuracy", "test_accuracy", "steps"]]
     mechanism_note = (
-        f"{corruption_note(best)} The `mechanism` label is mecheval's own rule (the highest "
-        f'read-out if it reaches {MECHANISM_THRESHOLD}, else "unclear"); the study reports '
-        "the Attrib values themselves."
+        f"{corruption_note(best)} Intervals: 95% bootstrap over documents (and over seeds, "
+        f"marked, where a configuration ran with several). The `mechanism` label is mecheval's "
+        f"own rule (the highest read-out if it reaches {MECHANISM_THRESHOLD}, else "
+        '"unclear"); the study reports the Attrib values themselves.'
+    )
+    findings_note = (
+        "Verdicts are computed from the runs below (mecheval.findings): a model solves a task "
+        "at dev accuracy >= 0.5 and fails it below 0.3; each architecture is judged at its "
+        "most accurate width. The study's numbers are its best learning rate per width."
     )
     sections = [
-        ("Accuracy (best learning rate per architecture and width)", _markdown(accuracy)),
+        ("Findings", findings_note, findings),
+        ("Accuracy (best learning rate per architecture and width)", "", accuracy),
         (
             "Mechanism (key corrupted; Attrib of restoring layer 1's block input)",
-            mechanism_note
-            + "\n\n"
-            + _markdown(mechanisms.drop(columns=[c for c in ("run",) if c in mechanisms])),
+            mechanism_note,
+            mechanism_display(evidence),
         ),
-        ("Mamba: inside the layer-0 short conv (Attrib of its output)", _markdown(conv)),
-        ("All runs", _markdown(results.drop(columns=["path", "evaluated"]))),
+        (
+            "Inside the layer-0 short conv (Attrib of its output, key corrupted)",
+            "The study finds Mamba's association in its short conv after the value.",
+            conv_display(evidence),
+        ),
+        (
+            "Mechanisms over training",
+            "First kept checkpoint at which each read-out reaches 0.5, and which mechanism "
+            "came first.",
+            formation,
+        ),
+        ("Accuracy and read-outs by key-to-query distance", "", distance),
+        ("All runs", "", results.drop(columns=["path", "evaluated", "task_label"])),
     ]
-    figures = ([scatter] if scatter else []) + plots
+    figures = [
+        name
+        for name in (value_vs_query(evidence, out), over_training(over, out))
+        if name is not None
+    ] + _heatmaps(best, out)
+
     md = ["# mecheval report", "", f"Runs under `{path}`: {len(results)}.", ""]
-    for title, body in sections:
-        md += [f"## {title}", "", body]
+    for title, note, frame in sections:
+        md += [f"## {title}", ""] + ([note, ""] if note else []) + [_markdown(frame)]
     md += ["## Figures", ""] + [f"![{name}]({name})" for name in figures]
     (out / "report.md").write_text("\n".join(md) + "\n")
 
     page = [
         "<!doctype html><meta charset=utf-8><title>mecheval report</title>",
-        "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}"
+        "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}</style>",
         "<h1>mecheval report</h1>",
         f"<p>Runs under <code>{html.escape(str(path))}</code>: {len(results)}.</p>",
     ]
-    notes = {sections[1][0]: mechanism_note}
-    for (title, _), frame in zip(
-        sections,
-        (accuracy, mechanisms, conv, results.drop(columns=["path", "evaluated"])),
-        strict=True,
-    ):
-        page += [f"<h2>{html.escape(title)}</h2>"]
-        if title in notes:
-            page += [f"<p>{html.escape(notes[title])}</p>"]
-        page += [
+    for title, note, frame in sections:
+        page.append(f"<h2>{html.escape(title)}</h2>")
+        if note:
+            page.append(f"<p>{html.escape(note)}</p>")
+        page.append(
             frame.to_html(index=False, float_format=lambda v: f"{v:.3f}", na_rep="")
             if not frame.empty
-            else "<p><em>none</em></p>",
-        ]
-    page += ["<h2>Figures</h2>"] + [f'<p><img src="{name}" alt="{name}"></p>' for name in figures]
+            else "<p><em>none</em></p>"
+        )
+    page += ["<h2>Figures</h2>"] + [
+        f'<p><img src="{html.escape(name)}" alt="{html.escape(name)}"></p>' for name in figures
+    ]
     (out / "report.html").write_text("\n".join(page) + "\n")
     return out

@@ -76,3 +76,28 @@ def test_documents_record_distance_and_correctness(trained):
     full = pd.read_parquet(run / "interventions.parquet")
     assert examples["correct"].mean() == pytest.approx(full["accuracy"].iloc[0])
     assert ((examples["p_answer"] > 0) & (examples["p_answer"] <= 1)).all()
+
+
+def test_report_has_findings_over_training_and_distance(trained):
+    from mecheval.evaluate import evaluate_all
+    from mecheval.report import build_report
+
+    run, _ = trained
+    evaluate_all(run, progress=False)
+    out = build_report(run, out=run.parent / "report_full")
+    text = (out / "report.md").read_text()
+    findings = pd.read_parquet(out / "findings.parquet")
+    assert list(findings["finding"]) == [1, 2, 3, 4, 5]
+    # Only attention ran: the findings that need other models are not run at this scale.
+    assert set(findings["verdict"]) == {"not run at this scale"}
+    assert text.index("## Findings") < text.index("## Accuracy")
+    over = pd.read_parquet(out / "over_training.parquet")
+    assert list(over["step"]) == [600, 1200, 1800, 2400]
+    assert (out / "over_training.png").exists() and "## Mechanisms over training" in text
+    distance = pd.read_parquet(out / "distance.parquet")
+    examples = pd.read_parquet(run / EXAMPLES)
+    assert distance["n"].sum() == len(examples)
+    assert (distance["n"] * distance["accuracy"]).sum() == pytest.approx(examples["correct"].sum())
+    evidence = pd.read_parquet(out / "evidence.parquet").iloc[0]
+    assert evidence["induction_low"] <= evidence["induction"] <= evidence["induction_high"]
+    assert "induction " in text and "[" in text  # read-outs printed with their intervals

@@ -74,4 +74,4 @@ def test_trained_attention_solves_recall_by_induction(trained):
     assert set(own["replacement_ids"]) == {values}
     with pytest.raises(ValueError, match="num_keys"):
         evaluate_run(run, corruption_options={"num_keys": 8})
-    assert list(out.glob("heatmap_attention_*.png"))
+    assert list(out.glob("heatmap_ar_attention_*.png"))

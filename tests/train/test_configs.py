@@ -1,4 +1,5 @@
-"""Every config file in configs/ loads, and the study's grids have the study's sizes."""
+"""Every config file in configs/ loads, and the study's grids have the study's sizes (the
+per-folder study grids of configs/study/ are tested in tests/configs/)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,7 @@ from mecheval.pipeline import load_run_config
 from mecheval.sweep import expand_sweep, load_sweep
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-GRID_SIZES = {
-    "ar.yaml": 7 * 5 * 7,
-    "atr.yaml": 4 * 8 * 5 * 5,
-    "atr_generalisation.yaml": 5 * 5 * 5,
-    "mamba_conv_ablation.yaml": 4 * 5 * 7 + 3,
-    "based_ablation.yaml": 4 * 5 * 5,
-    "layers.yaml": 2 * 4 * 3 * 3,
-}
+GRID_SIZES = {"study_ar_d64.yaml": 7 * 7}
 RUN_CONFIGS = ("study_ar_run.yaml", "quickstart.yaml")
 
 
@@ -33,7 +27,7 @@ def test_sweep_files_expand_to_the_study_grid(name, size):
 
 
 def test_study_ar_grid_is_the_study_recipe():
-    runs = load_sweep(CONFIGS / "ar.yaml")
+    runs = load_sweep(CONFIGS / "study_ar_d64.yaml")
     assert {r.config.total_steps for r in runs} == {50_016}
     assert {r.config.optim.lr for r in runs} == {3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2}
 

@@ -1,0 +1,161 @@
+"""Tables the report draws from evaluated runs.
+
+    evidence_table(best, results)   read-outs of each selected run, with bootstrap intervals over
+                                    its documents and, where the configuration ran with several
+                                    seeds, over seeds too; plus layer-0 short-conv read-outs
+    over_training_table(best)       the read-outs of every kept checkpoint (mecheval.over_training)
+    formation_steps(table)          per run: the first step each mechanism reaches 0.5
+    distance_table(best)            accuracy and read-outs by key-to-query distance
+
+`best` and `results` are the report's tables (mecheval.report.collect_results / best_runs):
+one row per run with its path, identity (task, arch, d_model, n_layers, lr, seed) and
+accuracies.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mecheval.evaluate import EXAMPLES, INTERVENTIONS
+from mecheval.interventions import attrib_intervals, readout
+from mecheval.interventions.scores import MECHANISMS
+from mecheval.over_training import CONV_POSITIONS, OVER_TRAINING
+
+READOUTS = tuple(MECHANISMS)
+IDENTITY = (
+    "run",
+    "arch",
+    "d_model",
+    "n_layers",
+    "lr",
+    "task",
+    "accuracy",
+    "corruption",
+    "replacement_ids",
+)
+BOOTSTRAP_REPS = 1000
+
+
+def key_grid(path: str | Path) -> pd.DataFrame:
+    """The key-corruption grid of a run, grid columns only."""
+    grid = pd.read_parquet(Path(path) / INTERVENTIONS)
+    grid = grid[grid["corruption"] == "key"]
+    return grid.drop(columns=[c for c in IDENTITY if c in grid])
+
+
+def _siblings(run: pd.Series, results: pd.DataFrame) -> pd.DataFrame:
+    """Evaluated runs of the same configuration as `run` but another seed (run included)."""
+    same = results["evaluated"]
+    for column in ("task_label", "arch", "d_model", "n_layers", "lr"):
+        same &= results[column] == run[column]
+    return results[same]
+
+
+def evidence_table(best: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
+    """One row per selected run: identity, dev_accuracy, the read-outs with `_low`/`_high`
+    (documents resampled), `_seeds_low`/`_seeds_high` and `seeds` when its configuration has
+    several evaluated seeds (runs and documents resampled), mechanism, and conv_<position>
+    read-outs (with bounds) for models with a layer-0 short conv."""
+    rows = []
+    for _, run in best.iterrows():
+        row = {k: run[k] for k in ("task", "arch", "d_model", "n_layers", "lr", "dev_accuracy")}
+        if not run["evaluated"]:
+            rows.append(row)
+            continue
+        grid = key_grid(run["path"])
+        scores = readout(grid, intervals=True, reps=BOOTSTRAP_REPS).iloc[0].to_dict()
+        row.update(scores)
+        seeds = _siblings(run, results)
+        row["seeds"] = len(seeds)
+        if len(seeds) > 1:
+            grids = [key_grid(r.path).assign(run=r.run) for r in seeds.itertuples()]
+            pooled = pd.concat(grids, ignore_index=True)
+            many = readout(pooled, intervals=True, cluster="run", reps=BOOTSTRAP_REPS).iloc[0]
+            for name in READOUTS:
+                if name in many:
+                    row[f"{name}_seeds_low"] = many.get(f"{name}_low")
+                    row[f"{name}_seeds_high"] = many.get(f"{name}_high")
+        conv = grid[(grid["layer"] == 0) & (grid["site"] == "conv_output")]
+        if not conv.empty:
+            cells = attrib_intervals(conv, reps=BOOTSTRAP_REPS).set_index("position")
+            for position in CONV_POSITIONS:
+                if position in cells.index:
+                    for suffix, column in (("", "attrib"), ("_low", "attrib_low")):
+                        row[f"conv_{position}{suffix}"] = cells.loc[position, column]
+                    row[f"conv_{position}_high"] = cells.loc[position, "attrib_high"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def over_training_table(best: pd.DataFrame) -> pd.DataFrame:
+    """The stored read-outs over training of the selected runs, with their identity."""
+    frames = []
+    for _, run in best.iterrows():
+        path = Path(run["path"]) / OVER_TRAINING
+        if path.exists():
+            table = pd.read_parquet(path)
+            for column in ("task", "arch", "d_model", "n_layers", "lr"):
+                table.insert(0, column, run[column])
+            frames.append(table)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def formation_steps(table: pd.DataFrame, threshold: float = 0.5) -> pd.DataFrame:
+    """Per run: the first kept step at which each read-out reaches `threshold` (NaN: never),
+    and which came first: induction or direct retrieval."""
+    if table.empty:
+        return table
+    rows = []
+    for run, part in table.sort_values("step").groupby("run", sort=False):
+        row = {k: part[k].iloc[0] for k in ("task", "arch", "d_model")}
+        for name in READOUTS:
+            reached = part[part[name] >= threshold] if name in part else part.iloc[:0]
+            row[f"{name}_from"] = float(reached["step"].iloc[0]) if len(reached) else np.nan
+        direct = np.nanmin([row["direct_early_from"], row["direct_late_from"], np.inf])
+        induction = row["induction_from"]
+        if np.isnan(induction) and np.isinf(direct):
+            row["first"] = "neither"
+        elif np.isnan(induction) or direct < induction:
+            row["first"] = "direct retrieval"
+        elif np.isinf(direct) or induction < direct:
+            row["first"] = "induction"
+        else:
+            row["first"] = "same step"
+        row["run"] = run
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    for name in READOUTS:
+        frame[f"{name}_from"] = frame[f"{name}_from"].astype("Int64")
+    return frame
+
+
+def distance_table(best: pd.DataFrame, bins: int = 4) -> pd.DataFrame:
+    """Per selected run and key-to-query distance bin (quantile bins of its documents): n,
+    accuracy and the read-outs (key corrupted)."""
+    rows = []
+    for _, run in best[best["evaluated"]].iterrows():
+        path = Path(run["path"])
+        if not (path / EXAMPLES).exists():
+            continue
+        examples = pd.read_parquet(path / EXAMPLES)
+        distance = examples["distance"]
+        edges = np.unique(np.quantile(distance, np.linspace(0, 1, bins + 1)))
+        if len(edges) < 2:
+            edges = np.array([distance.min(), distance.max()])
+        examples["bin"] = pd.cut(distance, edges, include_lowest=True, duplicates="drop")
+        grid = key_grid(path).merge(examples[["example", "bin"]], on="example")
+        for interval, docs in examples.groupby("bin", observed=True):
+            row = {k: run[k] for k in ("task", "arch", "d_model")}
+            inside = docs["distance"]  # integer distances: name the bin by its range
+            row["distance"] = f"{inside.min()}-{inside.max()}"
+            row["n"] = len(docs)
+            row["accuracy"] = float(docs["correct"].mean())
+            part = grid[grid["bin"] == interval].drop(columns=["bin"])
+            if not part.empty:
+                scores = readout(part).iloc[0]
+                row.update({name: scores.get(name, np.nan) for name in READOUTS})
+            rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,66 @@
+"""The findings table: verdicts follow from the evidence (reproduced, not reproduced, not run),
+one row per finding, with the study's numbers beside ours."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from mecheval.findings import FINDINGS, NOT_REPRODUCED, NOT_RUN, REPRODUCED, findings_table
+
+
+def model(task, arch, acc, mechanism=None, d_model=64, **readouts):
+    row = {"task": task, "arch": arch, "d_model": d_model, "dev_accuracy": acc}
+    if mechanism is not None:
+        row.update(mechanism=mechanism, induction=0.0, direct_early=0.0, direct_late=0.0)
+    row.update(readouts)
+    return row
+
+
+STUDY_LIKE = [
+    model("ar", "attention", 1.0, "induction", induction=0.95, induction_low=0.9, induction_high=1),
+    model("ar", "based", 0.99, "induction", induction=0.9),
+    model("ar", "h3", 0.02),
+    model("ar", "hyena", 0.03),
+    model("ar", "mamba", 0.81, "direct_early", direct_early=0.8, **{"conv_value+1": 0.9}),
+    model("ar", "deltanet", 0.7, "direct_late", direct_late=0.7),
+    model("ar", "mamba_noconv", 0.02),
+    model("atr", "attention", 0.9, "induction", induction=1.0),
+    model("atr", "based", 0.9, "induction", induction=1.0),
+    model("atr", "mamba_noconv", 0.8, "induction", induction=0.8),
+]
+
+
+def test_the_studys_pattern_reproduces_every_finding():
+    table = findings_table(pd.DataFrame(STUDY_LIKE))
+    assert list(table["finding"]) == [1, 2, 3, 4, 5]
+    assert list(table["verdict"]) == [REPRODUCED] * 5
+    assert len(FINDINGS) == 5 and all(table["study"].str.len() > 10)
+    first = table.iloc[0]["ours"]
+    assert "attention d64: acc 1.00, induction 0.95 [0.90, 1.00]" in first
+
+
+def test_contradicting_evidence_is_not_reproduced():
+    rows = [dict(r) for r in STUDY_LIKE]
+    rows[1].update(mechanism="direct_early")  # Based reads out as direct retrieval
+    rows[3].update(dev_accuracy=0.9)  # Hyena solves AR
+    rows[4]["conv_value+1"] = 0.1  # Mamba's conv carries nothing
+    rows[6].update(dev_accuracy=0.6)  # Mamba without conv solves AR
+    rows[9].update(mechanism="direct_late")
+    table = findings_table(pd.DataFrame(rows))
+    assert list(table["verdict"]) == [NOT_REPRODUCED] * 5
+
+
+def test_missing_models_are_not_run_and_the_most_accurate_width_counts():
+    rows = [r for r in STUDY_LIKE if r["arch"] not in ("h3", "based")]
+    rows.append(model("ar", "hyena", 0.9, d_model=16))  # its most accurate width is d16
+    table = findings_table(pd.DataFrame(rows)).set_index("finding")
+    assert table.loc[1, "verdict"] == NOT_RUN and "based" in table.loc[1, "ours"]
+    assert table.loc[2, "verdict"] == NOT_RUN and "h3" in table.loc[2, "ours"]
+    only_hyena = [r for r in rows if r["arch"] != "h3"]
+    only_hyena.append(model("ar", "h3", 0.01))
+    table = findings_table(pd.DataFrame(only_hyena)).set_index("finding")
+    assert table.loc[2, "verdict"] == NOT_REPRODUCED  # Hyena d16 at 0.9 solves AR
+    # An unevaluated model (no read-out) cannot support a mechanism finding.
+    unevaluated = [dict(r) for r in STUDY_LIKE]
+    unevaluated[0] = model("ar", "attention", 1.0)
+    assert findings_table(pd.DataFrame(unevaluated)).iloc[0]["verdict"] == NOT_RUN
