@@ -9,6 +9,8 @@ already computed from the unpatched state).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -120,3 +122,97 @@ def delta_net_reference(
     o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-5) * p["o_norm.weight"]
     out = _linear(o.reshape(B, L, H * V), p, "o_proj")
     return out, torch.stack(states, 1)
+
+
+def h3_reference(params: dict, u: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """H3 (Fu et al. 2023) as recurrences, one position at a time, in float64.
+
+    Shift SSM per channel: state s_t = shift(s_{t-1}) + B u_t (shift moves every entry one
+    slot down and drops the last), output C . s_t + D_shift u_t. Diagonal SSM per head on
+    each entry of k v^T: complex modes x_t = dA x_{t-1} + dB w_t with the bilinear dA, dB of
+    A = -exp(inv_A_real) + i A_imag and dt = exp(log_dt), output 2 Re(C . x_t) + D w_t.
+
+    params: q_proj/k_proj/v_proj/output_linear .weight/.bias, shift_B, shift_C (d, N),
+    shift_D (d,), log_dt (H,), inv_A_real, A_imag (H, M), B, C (H, M, 2) (real, imag), D (H,).
+    """
+    p = _f64(params)
+    u = u.double()
+    Bsz, L, d = u.shape
+    P = head_dim
+    H = d // P
+    q, k, v = (_linear(u, p, f"{n}_proj") for n in "qkv")
+    s = u.new_zeros(Bsz, d, p["shift_B"].shape[1])
+    shifted = []
+    for t in range(L):
+        s = (
+            torch.cat([s.new_zeros(Bsz, d, 1), s[..., :-1]], dim=-1)
+            + p["shift_B"] * k[:, t, :, None]
+        )
+        shifted.append((s * p["shift_C"]).sum(-1) + p["shift_D"] * k[:, t])
+    k = torch.stack(shifted, 1)
+    kv = k.view(Bsz, L, H, P, 1) * v.view(Bsz, L, H, 1, P)  # (B, L, H, i, j)
+    dt = torch.exp(p["log_dt"])[:, None]
+    A = torch.complex(-torch.exp(p["inv_A_real"]), p["A_imag"])
+    dA = (1 + dt * A / 2) / (1 - dt * A / 2)  # (H, M)
+    dB = torch.view_as_complex(p["B"].contiguous()) * dt / (1 - dt * A / 2)
+    C = torch.view_as_complex(p["C"].contiguous())
+    x = torch.zeros(Bsz, H, P, P, A.shape[1], dtype=torch.complex128)
+    outs = []
+    for t in range(L):
+        w = kv[:, t]  # (B, H, i, j)
+        x = dA[None, :, None, None, :] * x + dB[None, :, None, None, :] * w[..., None]
+        y = 2 * (C[None, :, None, None, :] * x).sum(-1).real + p["D"][None, :, None, None] * w
+        outs.append((q[:, t].view(Bsz, H, P, 1) * y).sum(2).reshape(Bsz, d))
+    return _linear(torch.stack(outs, 1), p, "output_linear")
+
+
+def positional_encoding_reference(l_max: int) -> torch.Tensor:
+    """z(t) = [t / (l_max - 1), cos(1e-4 w_t), -sin(1e-4 w_t)], w_t = 2 pi t / l_max (one band),
+    float64 (l_max, 3)."""
+    t = torch.arange(l_max, dtype=torch.float64)
+    w = 2 * torch.pi * t / l_max
+    return torch.stack([t / (l_max - 1), torch.cos(1e-4 * w), -torch.sin(1e-4 * w)], dim=-1)
+
+
+def causal_long_conv_loop(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """y[:, t] = sum_{s <= t} h[s] * u[:, t - s], u (B, L, C), h (>= L, C)."""
+    y = torch.zeros_like(u)
+    for t in range(u.shape[1]):
+        for s in range(t + 1):
+            y[:, t] += h[s] * u[:, t - s]
+    return y
+
+
+def hyena_reference(params: dict, u: torch.Tensor, l_max: int) -> torch.Tensor:
+    """Order-2 Hyena as zoology builds it (skip D off), float64: in_proj, short depthwise conv
+    of width 3, split into x1, x2, v; v * x1 convolved with the implicit filter h(t) =
+    MLP(z(t)) * exp(-t/(l_max-1) |delta_c|) (MLP: Linear, sin, Linear, sin, Linear, sin, Linear;
+    delta spread linearly from log(1e-2)/1.5 to log(1e-2)/0.3 over channels); times x2;
+    out_proj."""
+    p = _f64(params)
+    u = u.double()
+    d = u.shape[-1]
+    x = _linear(u, p, "in_proj")
+    x = causal_depthwise_conv(x, p["short_filter.weight"], p["short_filter.bias"])
+    x1, x2, v = x.split(d, dim=-1)
+    z = p["filter_fn.z"]
+    f = p["filter_fn.implicit_filter.1.freq"]
+    h = torch.sin(f * _linear(z, p, "filter_fn.implicit_filter.0"))
+    h = torch.sin(f * _linear(h, p, "filter_fn.implicit_filter.2"))
+    h = torch.sin(f * _linear(h, p, "filter_fn.implicit_filter.4"))
+    h = _linear(h, p, "filter_fn.implicit_filter.6")
+    deltas = torch.linspace(math.log(1e-2) / 1.5, math.log(1e-2) / 0.3, d, dtype=torch.float64)
+    t = torch.arange(l_max, dtype=torch.float64)[:, None] / (l_max - 1)
+    h = h * torch.exp(-t * deltas.abs())
+    y = causal_long_conv_loop(v * x1, h)
+    return _linear(y * x2, p, "out_proj")
+
+
+def base_conv_long_reference(params: dict, u: torch.Tensor) -> torch.Tensor:
+    """BaseConv with its implicit long conv, float64: y = (h * u + u) * (u W + b) + u, with
+    h(t) = Linear(ReLU(Linear(z(t)))) (zoology's ImplicitLongConvolution, no decay)."""
+    p = _f64(params)
+    u = u.double()
+    h = _linear(torch.relu(_linear(p["conv.z"], p, "conv.mlp.0")), p, "conv.mlp.2")
+    conv = causal_long_conv_loop(u, h) + u
+    return conv * _linear(u, p, "projection") + u

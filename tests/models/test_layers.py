@@ -197,3 +197,52 @@ def test_direct_long_conv_is_exactly_causal():
     changed = u.clone()
     changed[:, 20] += 1e3
     assert torch.equal(long_causal_conv(changed, k)[:, :20], long_causal_conv(u, k)[:, :20])
+
+
+@pytest.mark.parametrize("d_state", [8, 64])
+def test_h3_equals_its_two_recurrences(d_state):
+    """Both SSMs as recurrences (float64 oracle) against the layer's FFT/Toeplitz convolutions,
+    with a trained-like shift B (not the initial e_1) and the study's head_dim 2."""
+    from mecheval.layers import H3
+    from tests.models.references import h3_reference
+
+    torch.manual_seed(0)
+    layer = H3(8, d_state=d_state, head_dim=2)
+    with torch.no_grad():
+        layer.shift_B.add_(0.3 * torch.randn_like(layer.shift_B))
+        for linear in (layer.q_proj, layer.k_proj, layer.v_proj, layer.output_linear):
+            linear.bias.normal_()
+    params = dict(layer.named_parameters())
+    u = torch.randn(2, 11, 8)
+    expected = h3_reference(params, u, head_dim=2)
+    torch.testing.assert_close(layer(u).double(), expected, atol=ATOL, rtol=RTOL)
+
+
+def test_implicit_filters_start_from_the_study_positional_encoding():
+    from mecheval.layers import Hyena
+    from mecheval.layers.base_conv import BaseConv
+    from tests.models.references import positional_encoding_reference
+
+    z = positional_encoding_reference(1024)
+    torch.testing.assert_close(Hyena(8, 1024).filter_fn.z.double(), z)
+    torch.testing.assert_close(BaseConv(8, 1024, kernel_size=-1).conv.z.double(), z)
+
+
+def test_hyena_and_long_base_conv_equal_their_definitions():
+    from mecheval.layers import Hyena
+    from mecheval.layers.base_conv import BaseConv
+    from tests.models.references import base_conv_long_reference, hyena_reference
+
+    torch.manual_seed(0)
+    l_max = 64
+    hyena = Hyena(8, l_max, filter_order=16)
+    base_conv = BaseConv(8, l_max, kernel_size=-1)
+    with torch.no_grad():  # trained-like: move every parameter off its initial value
+        for module in (hyena, base_conv):
+            for p in module.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+    u = torch.randn(2, 13, 8)
+    expected = hyena_reference(dict(hyena.named_parameters()), u, l_max)
+    torch.testing.assert_close(hyena(u).double(), expected, atol=ATOL, rtol=RTOL)
+    expected = base_conv_long_reference(dict(base_conv.named_parameters()), u)
+    torch.testing.assert_close(base_conv(u).double(), expected, atol=ATOL, rtol=RTOL)
