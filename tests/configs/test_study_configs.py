@@ -23,8 +23,8 @@ LRS = {3e-5, 1e-4, 3e-4, 1e-3, 3e-3}
 MORE_LRS = {1e-2, 3e-2}
 AR_STEPS = 16 * 3126  # 16 epochs over 100,032 documents, batch 32
 ATR_STEPS = 32 * 3126
-EASY = {"max_rhs_len": 5, "num_terminals": 20, "max_length": 1019}
-MEDIUM = {"max_rhs_len": 10, "num_terminals": 20, "max_length": 1019}
+EASY = {"max_rhs_len": 5, "num_terminals": 20}
+MEDIUM = {"max_rhs_len": 10, "num_terminals": 20}
 EASY_8192 = {**EASY, "num_terminals": 8192, "terminal_factor": 20}
 MEDIUM_8192 = {**MEDIUM, "num_terminals": 8192, "terminal_factor": 20}
 GEN = {**EASY, "holdout": 0.2}
@@ -239,8 +239,7 @@ def test_based_ablation_widths(sweeps):
 @pytest.mark.parametrize("name", sorted(GRIDS))
 def test_every_model_setting_fits_its_task(name, sweeps):
     """Each distinct model setting is a valid ModelConfig for its task's vocabulary and longest
-    document, as training sizes it (the ATR grids cap sentences so that documents fit the long
-    filters' l_max of 1,024)."""
+    document, as training sizes it."""
     seen = set()
     for run in sweeps[name]:
         c = run.config
