@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, load_model, save_file, save_model
 
 from mecheval.io import atomic_write_text
 
@@ -60,8 +60,9 @@ def save_checkpoint(
     tmp = root / f".tmp-{name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(weights, tmp / "model.safetensors")
+    # save_model stores a tensor shared by several modules (Hyena's one set of Sin
+    # frequencies) once; save_file would refuse it.
+    save_model(model, str(tmp / "model.safetensors"))
     opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
     save_file(opt_tensors, tmp / "optimizer.safetensors")
     rng = {"cpu": torch.get_rng_state()}
@@ -114,7 +115,7 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Restore weights (and optimiser and RNG state) from `path`; returns its state.json."""
     device = next(model.parameters()).device
-    model.load_state_dict(load_file(path / "model.safetensors", device=str(device)), strict=True)
+    load_model(model, str(path / "model.safetensors"), strict=True, device=str(device))
     state = json.loads((path / "state.json").read_text())
     if optimizer is not None:
         tensors = load_file(path / "optimizer.safetensors")
