@@ -7,6 +7,11 @@
       model.d_model: [32, 64]
       optim.lr: [1e-3, 3e-3]
     include:                   # optional: extra runs (partial configs over `base`), not crossed
+      - {model: {arch: h3}, seed: 0}
+      - {task: {name: atr, options: {max_rhs_len: 5}}, model: {arch: mamba_noconv}}
+
+An include entry that names another task than the base's replaces the base's task section
+(the base's task options belong to its task); otherwise it merges into the base.
 
 Every run gets a folder named from its config: readable fields plus a short hash of the whole
 resolved config, so two different configs never share a folder and the same config always
@@ -53,6 +58,17 @@ def run_name(config: TrainConfig) -> str:
     return f"{readable}-lr{config.optim.lr:g}-s{config.seed}-{digest}"
 
 
+def _include(base: dict, extra: dict) -> dict:
+    """`extra` over `base`; a different task replaces the base's task section."""
+    if not isinstance(extra, dict):
+        raise ConfigError(f"include entries must be mappings, got {extra!r}")
+    task = extra.get("task")
+    base_task = (base.get("task") or {}).get("name", "ar")
+    if isinstance(task, dict) and task.get("name", base_task) != base_task:
+        base = {k: v for k, v in base.items() if k != "task"}
+    return merge(base, extra)
+
+
 def expand_sweep(spec: dict, overrides: list[str] | tuple[str, ...] = ()) -> list[Run]:
     """The runs of a sweep spec (a parsed sweep file), in a fixed order, without duplicates."""
     unknown = set(spec) - {"base", "grid", "include"}
@@ -73,7 +89,7 @@ def expand_sweep(spec: dict, overrides: list[str] | tuple[str, ...] = ()) -> lis
             run = merge(run, _dotted(key, value))
         partials.append(run)
     for extra in spec.get("include") or []:
-        partials.append(merge(base, extra))
+        partials.append(_include(base, extra))
     runs, seen = [], set()
     for partial in partials:
         config = from_dict(TrainConfig, partial)

@@ -74,6 +74,32 @@ def test_only_selects_grid_rows_and_keeps_their_names():
         select_runs(runs, ["mamba"])
 
 
+def test_include_entries_add_runs_and_another_task_brings_its_own_options():
+    runs = expand_sweep(
+        _spec(
+            {"arch": ["attention"]},
+            include=[
+                {"model": {"arch": "h3"}, "seed": 3},
+                {
+                    "task": {"name": "atr", "options": {"max_rhs_len": 5}},
+                    "model": {"arch": "based"},
+                },
+            ],
+        )
+    )
+    assert [(r.config.task.name, r.config.model.arch) for r in runs] == [
+        ("ar", "attention"),
+        ("ar", "h3"),
+        ("atr", "based"),
+    ]
+    h3, atr = runs[1].config, runs[2].config
+    assert h3.task.options == BASE["task"]["options"] and h3.seed == 3  # merged into the base
+    assert atr.task.options == {"max_rhs_len": 5}  # AR's options do not leak into ATR
+    assert atr.steps == BASE["steps"] and atr.model.d_model == 16  # the rest of the base stays
+    with pytest.raises(ConfigError, match="include entries"):
+        expand_sweep(_spec({"arch": ["attention"]}, include=["h3"]))
+
+
 def test_bad_sweep_files_are_refused():
     with pytest.raises(ConfigError, match="grid.arch"):
         expand_sweep(_spec({"arch": "attention"}))
