@@ -3,8 +3,11 @@
     mecheval run [CONFIG] [--out DIR]
 
 Without a config it runs the CPU quickstart: attention, Based, Mamba, Mamba without its short
-conv and DeltaNet on a small associative-recall task (4 pairs over 16 keys), which a 2-core
-machine trains, evaluates and reports in a few minutes; attention learns it by induction.
+conv and DeltaNet (two seeds each), H3 and Hyena on a small associative-recall task (4 pairs
+over 16 keys), and attention, Based and Mamba without its short conv on a small associative-
+treecall task ((5, 20) grammars), which a 2-core machine trains, evaluates and reports in
+about a quarter of an hour. Its report's Findings table says which of the study's five
+findings show at this scale.
 A config file (see configs/) replaces the sweep, e.g. with the study's full grids on a GPU.
 """
 
@@ -25,6 +28,7 @@ QUICKSTART_SWEEP = {
         "steps": 3000,
         "eval_every": 500,
         "checkpoint_every": 500,
+        "keep_checkpoints": 6,  # every 500 steps: the read-outs over training
         "optim": {"lr": 1e-3},
         "device": "auto",
     },
@@ -34,6 +38,20 @@ QUICKSTART_SWEEP = {
         "model.arch": ["attention", "based", "mamba", "mamba_noconv", "deltanet"],
         "seed": [0, 1],
     },
+    # One seed each: H3 and Hyena on the same AR task (the study's finding 2), and a small ATR
+    # task, (5, 20) grammars, for attention, Based and Mamba without its conv (finding 5).
+    "include": [
+        {"model": {"arch": "h3"}, "seed": 0},
+        {"model": {"arch": "hyena"}, "seed": 0},
+        *(
+            {
+                "task": {"name": "atr", "options": {"max_rhs_len": 5, "num_terminals": 20}},
+                "model": {"arch": arch},
+                "seed": 0,
+            }
+            for arch in ("attention", "based", "mamba_noconv")
+        ),
+    ],
 }
 
 
