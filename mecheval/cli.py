@@ -19,6 +19,21 @@ from pathlib import Path
 from mecheval.config import ConfigError
 
 
+def _count(minimum: int):
+    """An argparse type: an int >= minimum (argparse names the option in its error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from mecheval.sweep import run_name
     from mecheval.train import load_train_config, train
@@ -125,8 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="YAML sweep file (base + grid)")
     p.add_argument("--out", help="sweep folder (default: runs/<file stem>)")
     p.add_argument("--backend", choices=["local", "ray"], default="local")
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--retries", type=int, default=0, help="rerun failed runs this many more times")
+    p.add_argument("--workers", type=_count(1), default=1)
+    p.add_argument(
+        "--retries", type=_count(0), default=0, help="rerun failed runs this many more times"
+    )
     p.add_argument("--address", help="Ray cluster address (default: start a local cluster)")
     p.add_argument("--dry-run", action="store_true", help="print grid size and estimated time")
     p.add_argument(
@@ -178,11 +195,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from mecheval.io import DamagedFileError
+    from mecheval.train.loop import TrainingDiverged
+
     try:
         return args.func(args)
     except ConfigError as error:
         print(f"mecheval: config error: {error}", file=sys.stderr)
         return 2
+    except (DamagedFileError, TrainingDiverged, FileNotFoundError) as error:
+        print(f"mecheval: error: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -9,6 +9,16 @@ value against the field's type and refuses unknown keys by name, with a suggesti
 
 Fields typed `dict` are free-form (their contents are validated by whoever consumes them, e.g.
 `make_task` for task options).
+
+Layers, each over the one before: the dataclass's defaults, `base`, the YAML file, the
+overrides. A section that is a dataclass merges key by key at every layer. A free-form dict
+given in a file (or `base`) is taken as written, replacing the default dict: a file's sweep
+is that sweep, not the default one with keys swapped. Dotted overrides reach inside whatever
+dict the layers below left, defaults included (`sweep.base.steps=5` changes one key of the
+default sweep and keeps the rest); a dotted key also names a key that itself holds dots
+(`sweep.grid.model.arch=[mamba]` sets the grid's `model.arch`). A file may use the short
+aliases of the overrides for scalars (`task: atr` for `task: {name: atr}`). An override inside a
+value that is not a mapping (`model: mamba` in the file, `model.d_model=16` given) is refused.
 """
 
 from __future__ import annotations
@@ -61,14 +71,49 @@ def parse_overrides(overrides: Sequence[str], aliases: Mapping[str, str] | None 
     return nested
 
 
-def merge(base: dict, update: Mapping) -> dict:
-    """Deep merge of plain dicts (update wins); nested mappings merge key by key."""
+def merge(base: dict, update: Mapping, prefix: str = "") -> dict:
+    """Deep merge of plain dicts (update wins); nested mappings merge key by key. A mapping
+    merged onto a value that is set but is not a mapping is refused, naming the key: it would
+    silently drop that value."""
     out = dict(base)
     for key, value in update.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = merge(dict(out[key]), value)
+        path = f"{prefix}.{key}" if prefix else str(key)
+        current = out.get(key)
+        if isinstance(value, Mapping) and isinstance(current, Mapping):
+            out[key] = merge(dict(current), value, path)
+        elif isinstance(value, Mapping) and current is not None:
+            raise ConfigError(
+                f"'{path}' is {current!r}, not a mapping, but keys inside it are set: "
+                f"{sorted(value)}"
+            )
         else:
             out[key] = value
+    return out
+
+
+def set_dotted(data: dict, key: str, value: Any, item: str | None = None) -> dict:
+    """`data` with the dotted `key` set to `value`, nested dicts created as needed; a part of
+    the key may itself hold dots when `data` already has such a key (a sweep grid's
+    `model.arch`). `item` (the override as written) names the error when a parent is set but
+    is not a mapping."""
+    out = dict(data)
+    parts = key.split(".")
+    for split in range(len(parts), 0, -1):  # the longest existing key first
+        head, rest = ".".join(parts[:split]), parts[split:]
+        if split == 1 or head in out:
+            break
+    if not rest:
+        out[head] = value
+        return out
+    child = out.get(head)
+    if child is None:
+        child = {}
+    if not isinstance(child, Mapping):
+        raise ConfigError(
+            f"override {item or key!r} sets a key inside '{head}', which is {child!r}, "
+            "not a mapping"
+        )
+    out[head] = set_dotted(dict(child), ".".join(rest), value, item or key)
     return out
 
 
@@ -166,6 +211,63 @@ def to_dict(config: Any) -> dict:
     return plain(config)
 
 
+def _unwrap_dataclass(annotation: Any) -> Any:
+    """The dataclass type of a field typed `X` or `X | None`, else None."""
+    if dataclasses.is_dataclass(annotation):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        found = [a for a in typing.get_args(annotation) if dataclasses.is_dataclass(a)]
+        return found[0] if len(found) == 1 else None
+    return None
+
+
+def _overlay(cls: Any, data: dict, layer: Mapping) -> dict:
+    """`layer` over `data`: dataclass sections merge key by key, anything else (scalars,
+    lists, free-form dicts) is replaced as written."""
+    hints = typing.get_type_hints(cls) if cls is not None else {}
+    out = dict(data)
+    for key, value in layer.items():
+        section = _unwrap_dataclass(hints.get(key))
+        if section is not None and isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _overlay(section, out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _defaults(cls: type) -> dict:
+    """The defaults of `cls` as plain dicts (its init fields), or {} when a field is required."""
+    try:
+        instance = cls()
+    except TypeError:
+        return {}
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    return {k: v for k, v in to_dict(instance).items() if k in names}
+
+
+def _expand_aliases(data: Mapping, aliases: Mapping[str, str] | None) -> dict:
+    """A file's top-level `alias: scalar` entries (`task: atr`) as their dotted keys."""
+    out: dict = {}
+    for key, value in data.items():
+        if aliases and key in aliases and aliases[key] != key and not isinstance(value, Mapping):
+            out = set_dotted(out, aliases[key], value)
+        else:
+            out = merge(out, {key: value})
+    return out
+
+
+def read_yaml(path: str | Path, what: str = "config file") -> Any:
+    """A YAML file's content; an unreadable file (not UTF-8, bad YAML) raises ConfigError
+    naming it."""
+    path = Path(path)
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: the {what} is not UTF-8 text ({error})") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: the {what} is not valid YAML ({error})") from None
+
+
 def load_config(
     cls: type[C],
     path: str | Path | None = None,
@@ -173,16 +275,24 @@ def load_config(
     aliases: Mapping[str, str] | None = None,
     base: Mapping[str, Any] | None = None,
 ) -> C:
-    """Config `cls` from defaults, then `base`, then a YAML file, then `key=value` overrides."""
-    data: dict = dict(base or {})
+    """Config `cls` from defaults, then `base`, then a YAML file, then `key=value` overrides
+    (see the module docstring for how the layers merge)."""
+    data = _defaults(cls)
+    if base:
+        data = _overlay(cls, data, base)
     if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        loaded = read_yaml(path) or {}
         if not isinstance(loaded, Mapping):
             raise ConfigError(
                 f"{path}: the config file must hold a mapping, got {type(loaded).__name__}"
             )
-        data = merge(data, loaded)
-    data = merge(data, parse_overrides(overrides, aliases))
+        data = _overlay(cls, data, _expand_aliases(loaded, aliases))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        key, text = item.split("=", 1)
+        key = (aliases or {}).get(key.strip(), key.strip())
+        data = set_dotted(data, key, parse_value(text), item)
     return from_dict(cls, data)
 
 

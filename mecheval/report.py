@@ -165,10 +165,10 @@ def build_report(path: str | Path, out: str | Path | None = None) -> Path:
     """Write report.md, report.html, the PNG plots and the tables; returns the report folder."""
     path = Path(path)
     out = Path(out) if out else path / "report"
-    out.mkdir(parents=True, exist_ok=True)
     results = collect_results(path)
-    if results.empty:
+    if results.empty:  # checked before any folder is made: a mistyped path leaves no trace
         raise FileNotFoundError(f"no finished run under {path}")
+    out.mkdir(parents=True, exist_ok=True)
     best = best_runs(results)
     evidence = evidence_table(best, results)
     findings = findings_table(evidence[evidence["n_layers"] == 2])

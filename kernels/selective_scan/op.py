@@ -159,6 +159,10 @@ def _validate(u, delta, A, B, C, D, z, delta_bias, initial_state, softplus, back
     check_tensor(OP, "u", u, "B D L", sizes, dtypes)
     if sizes["L"] < 1:
         raise ValueError(f"{OP}: u must have at least one position (L >= 1), got L = 0")
+    if sizes["B"] < 1:
+        raise ValueError(f"{OP}: u must have at least one sequence (batch B >= 1), got B = 0")
+    if sizes["D"] < 1:
+        raise ValueError(f"{OP}: u must have at least one channel (D >= 1), got D = 0")
     check_tensor(OP, "delta", delta, "B D L", sizes, dtypes)
     check_tensor(OP, "A", A, "D N", sizes, dtypes)
     check_range(OP, "state size N (A.shape[1])", sizes["N"], 1, MAX_STATE)

@@ -229,11 +229,27 @@ def interchange_grid(
         answer's logit in the patched run, and KL(clean || patched) over the vocabulary.
     """
     device = next(model.parameters()).device
+    if not isinstance(batch, Batch):
+        raise TypeError(f"batch must be a mecheval.tasks.Batch, got {type(batch).__name__}")
+    if len(batch) == 0:
+        raise ValueError("batch is empty: interchange_grid needs at least one document")
     batch = batch.to(device)
     base_tokens = torch.as_tensor(corrupted, device=device)
     if base_tokens.shape != batch.tokens.shape:
         expected, got = tuple(batch.tokens.shape), tuple(base_tokens.shape)
         raise ValueError(f"corrupted must have the batch's shape {expected}, got {got}")
+    vocab = model.config.vocab_size
+    for name, ids in (
+        ("batch.tokens", batch.tokens),
+        ("batch.answers", batch.answers),
+        ("corrupted", base_tokens),
+    ):
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= vocab:
+            raise ValueError(
+                f"{name} holds token ids in [{low}, {high}], outside the model's vocabulary "
+                f"0..{vocab - 1} (vocab_size {vocab}): the model was built for another task"
+            )
     was_training = model.training
     model.eval()
     n, length = batch.tokens.shape

@@ -19,11 +19,11 @@ from typing import Any
 
 import pandas as pd
 
-from mecheval.config import from_dict, to_dict
-from mecheval.io import atomic_write_json, atomic_write_parquet
+from mecheval.config import ConfigError, from_dict, to_dict
+from mecheval.io import DamagedFileError, atomic_write_json, atomic_write_parquet
 from mecheval.sweep.grid import Run
-from mecheval.train.config import TrainConfig
-from mecheval.train.loop import RESULT, train
+from mecheval.train.config import TrainConfig, identity
+from mecheval.train.loop import RESULT, read_result, train
 
 RESULTS = "results.parquet"
 ERROR = "error.json"
@@ -63,10 +63,13 @@ def _flatten(prefix: str, value: Any, out: dict) -> None:
 def result_row(run: Run, run_dir: Path) -> dict[str, Any]:
     """The table row of one run, read from its folder (pending, finished or failed)."""
     row: dict[str, Any] = {"run": run.name}
-    _flatten("", to_dict(run.config), row)
-    row.pop("progress", None)
+    _flatten("", identity(run.config), row)
     if (run_dir / RESULT).exists():
-        result = json.loads((run_dir / RESULT).read_text())
+        try:
+            result = read_result(run_dir)
+        except DamagedFileError as error:  # recorded by name; the other rows go on
+            row.update(status="failed", error=f"{type(error).__name__}: {error}")
+            return row
         row.update(
             status="finished",
             dev_accuracy=result["dev_accuracy"],
@@ -79,7 +82,11 @@ def result_row(run: Run, run_dir: Path) -> dict[str, Any]:
             error=None,
         )
     elif (run_dir / ERROR).exists():
-        row.update(status="failed", error=json.loads((run_dir / ERROR).read_text())["error"])
+        try:
+            error = json.loads((run_dir / ERROR).read_bytes().decode("utf-8"))["error"]
+        except (ValueError, KeyError, TypeError) as reason:
+            error = f"{run_dir / ERROR}: unreadable ({type(reason).__name__}: {reason})"
+        row.update(status="failed", error=error)
     else:
         row.update(status="pending", error=None)
     return row
@@ -157,9 +164,11 @@ def run_sweep(
 ) -> pd.DataFrame:
     """Run every unfinished run of `runs` under `out`; returns the results table."""
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
+        raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ConfigError(f"retries must be an int >= 0, got {retries!r}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runs = [Run(r.name, r.config.replace(progress=progress and workers == 1)) for r in runs]

@@ -245,6 +245,12 @@ class Task(ABC):
                 f"tokens at {at!r} fall outside [{own_low}, {own_high}): not this task's"
             )
         inside = (original >= low) & (original < high)
+        if high - low < 1 or (high - low < 2 and inside.any()):
+            raise ValueError(
+                f"corrupt: {self.label()} draws replacements at {at!r} from ids [{low}, {high}), "
+                f"which hold {max(high - low, 0)} id(s) and no id other than the original: "
+                f"nothing different to draw (the task needs at least 2 {at} ids)"
+            )
         rng = self.task_rng(seed, _CORRUPT_STREAM[at])
         if inside.all():
             draw = rng.integers(low, high - 1, size=len(batch))

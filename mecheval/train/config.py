@@ -73,6 +73,11 @@ class TrainConfig:
         the result records it.
     compile: torch.compile the model.
     keep_checkpoints: how many of the most recent checkpoints to keep on disk.
+    max_nonfinite_steps: stop with an error (keeping the last good checkpoint, writing no
+        result) once the loss has been NaN or infinite for this many consecutive steps.
+    progress: show a progress bar.
+    The last two change nothing a finished run computes: they are not part of its identity
+    (`identity`, hence of its folder name).
     """
 
     task: TaskSection = field(default_factory=TaskSection)
@@ -91,6 +96,7 @@ class TrainConfig:
     backend: Literal["auto", "triton", "torch"] = "auto"
     precision: Literal["fp32", "bf16"] = "fp32"
     compile: bool = False
+    max_nonfinite_steps: int = 3
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -102,6 +108,7 @@ class TrainConfig:
             "model.d_model": self.model.d_model,
             "model.n_layers": self.model.n_layers,
             "keep_checkpoints": self.keep_checkpoints,
+            "max_nonfinite_steps": self.max_nonfinite_steps,
         }
         if self.steps is not None:
             positive["steps"] = self.steps
@@ -133,9 +140,74 @@ def load_train_config(path: str | Path | None = None, overrides: Sequence[str] =
     return load_config(TrainConfig, path, overrides, aliases=ALIASES)
 
 
+# Fields that do not change what a finished run computes: left out of its identity, so that
+# changing them neither renames a run's folder nor refuses to resume it.
+NOT_IDENTITY = ("progress", "max_nonfinite_steps")
+
+
 def identity(config: TrainConfig) -> dict:
-    """The config fields that decide what a run computes (display-only fields left out): two
-    configs with equal identities are the same run."""
+    """The config fields that decide what a run computes (display-only fields and the
+    divergence guard left out): two configs with equal identities are the same run."""
     fields = to_dict(config)
-    fields.pop("progress")
+    for name in NOT_IDENTITY:
+        fields.pop(name)
     return fields
+
+
+def resolve_device(name: str):
+    """The torch device a config's `device` names; ConfigError if it is not one, or absent."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        raise ConfigError(
+            f"device {name!r} is not a device: use auto, cpu, cuda or cuda:N"
+        ) from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {name!r} asked for, but CUDA is not available")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            raise ConfigError(f"device {name!r} asked for, but there are {count} CUDA device(s)")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError(f"device {name!r} asked for, but MPS is not available")
+    elif device.type != "cpu":
+        raise ConfigError(f"device {name!r}: use auto, cpu, cuda or cuda:N")
+    return device
+
+
+def validate_config(config: TrainConfig):
+    """Check what `train` will need, before it writes anything: the device, the task and its
+    options, the architecture and its options; returns the task. Raises ConfigError naming the
+    section."""
+    from mecheval.models import OPTIONS, ModelConfig
+    from mecheval.tasks import make_task
+
+    resolve_device(config.device)
+    try:
+        task = make_task(config.task.name, **config.task.options)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"task: {error}") from None
+    unknown = sorted(set(config.model.options) - {*OPTIONS, "init", "l_max"})
+    if unknown:
+        raise ConfigError(
+            f"model.options: unknown option(s) {', '.join(unknown)}; options are "
+            f"{', '.join((*OPTIONS, 'init', 'l_max'))}"
+        )
+    m = config.model
+    try:
+        ModelConfig(
+            m.arch,
+            task.vocab_size,
+            m.d_model,
+            m.n_layers,
+            max_len=task.max_document_length,
+            **m.options,
+        )
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"model: {error}") from None
+    return task

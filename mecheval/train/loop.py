@@ -7,9 +7,15 @@ The run folder holds
     metrics.parquet        the same records as a table, rewritten at each checkpoint
     result.json            the final result; its presence marks the run finished
 
-Rerunning `train` on the same folder resumes from the newest checkpoint (records past it are
-dropped, so none is duplicated); on CPU a resumed run ends with bitwise the same weights as an
-uninterrupted one. Rerunning a finished run returns its result without training.
+Rerunning `train` on the same folder resumes from the newest intact checkpoint (records past it
+are dropped, so none is duplicated; damaged checkpoints are skipped with a warning, see
+mecheval.train.checkpoint); on CPU a resumed run ends with bitwise the same weights as an
+uninterrupted one. Rerunning a finished run returns its result without training, when its saved
+config is the one asked for; a folder holding another config, finished or not, is refused by
+name. The whole config (device, task, model) is checked before anything is written to the
+folder, so a typo leaves no trace. A run whose loss stays NaN or infinite for
+`max_nonfinite_steps` consecutive steps stops with `TrainingDiverged`, keeping its last good
+checkpoint and writing no result. Every file read from the folder is named in its error.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,27 +36,37 @@ from tqdm.auto import tqdm
 import kernels
 from mecheval.config import ConfigError, from_dict, to_dict
 from mecheval.io import (
+    DamagedFileError,
     atomic_write_json,
     atomic_write_parquet,
     atomic_write_text,
     exclusive_lock,
+    remove_temporaries,
 )
 from mecheval.models import build_model
 from mecheval.tasks import Batch, make_task
-from mecheval.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from mecheval.train.config import TrainConfig, identity
+from mecheval.train.checkpoint import latest_checkpoint, restore_newest, save_checkpoint
+from mecheval.train.config import TrainConfig, identity, resolve_device, validate_config
 from mecheval.train.schedule import learning_rate
 
 RESULT = "result.json"
+CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+RESULT_KEYS = (
+    "config",
+    "steps",
+    "dev_accuracy",
+    "test_accuracy",
+    "best_accuracy",
+    "wall_time_s",
+    "num_params",
+    "checkpoint",
+)
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {name!r} asked for, but CUDA is not available")
-    return device
+class TrainingDiverged(RuntimeError):
+    """The loss stayed NaN or infinite (or the weights became so): the run stopped, keeping its
+    last good checkpoint and writing no result."""
 
 
 def build_task(config: TrainConfig):
@@ -99,17 +116,113 @@ def accuracy(
 
 
 def _read_metrics(path: Path, up_to_step: int) -> list[dict]:
+    """The records of `path` up to `up_to_step`; malformed lines (not UTF-8, not JSON, no
+    integer `step`) are skipped with a warning naming the file and line, except a last line cut
+    short by a kill, skipped silently."""
     if not path.exists():
         return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by a kill
+    data = path.read_bytes()
+    lines = data.splitlines()
+    records, bad = [], []
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
-        if record["step"] <= up_to_step:
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            bad.append(f"{number} (not UTF-8)")
+            continue
+        except json.JSONDecodeError:
+            if number == len(lines) and not data.endswith(b"\n"):
+                continue  # a line cut short by a kill
+            bad.append(f"{number} (not JSON)")
+            continue
+        step = record.get("step") if isinstance(record, dict) else None
+        if isinstance(step, bool) or not isinstance(step, int):
+            bad.append(f"{number} (no integer 'step')")
+            continue
+        if step <= up_to_step:
             records.append(record)
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        warnings.warn(f"{path}: skipped malformed line(s) {shown}", RuntimeWarning, stacklevel=3)
     return records
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise DamagedFileError(f"{path}: the {what} is not UTF-8 text") from None
+    except json.JSONDecodeError as error:
+        raise DamagedFileError(f"{path}: the {what} is not valid JSON ({error})") from None
+
+
+def read_result(run_dir: str | Path) -> dict[str, Any]:
+    """A finished run's result.json; DamagedFileError names it when it is unreadable."""
+    path = Path(run_dir) / RESULT
+    result = _read_json(path, "run's result")
+    if not isinstance(result, dict) or any(k not in result for k in RESULT_KEYS):
+        missing = [k for k in RESULT_KEYS if not isinstance(result, dict) or k not in result]
+        raise DamagedFileError(f"{path}: not a run result (lacks {', '.join(missing)})")
+    return result
+
+
+def read_run_config(run_dir: str | Path) -> TrainConfig:
+    """The config a run folder records (config.yaml), every error naming the file."""
+    path = Path(run_dir) / CONFIG
+    try:
+        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise DamagedFileError(f"{path}: the run config is not UTF-8 text") from None
+    except yaml.YAMLError as error:
+        raise DamagedFileError(f"{path}: the run config is not valid YAML ({error})") from None
+    if not isinstance(data, dict):
+        what = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
+        raise DamagedFileError(f"{path}: the run config is {what}")
+    try:
+        return from_dict(TrainConfig, data)
+    except ConfigError as error:
+        raise DamagedFileError(f"{path}: {error}") from None
+
+
+def _differences(saved: TrainConfig, asked: TrainConfig) -> str:
+    def flat(value: Any, prefix: str = "") -> dict:
+        if isinstance(value, dict) and value:
+            out = {}
+            for k, v in value.items():
+                out.update(flat(v, f"{prefix}.{k}" if prefix else str(k)))
+            return out
+        return {prefix: value}
+
+    a, b = flat(identity(saved)), flat(identity(asked))
+    keys = sorted(k for k in {*a, *b} if a.get(k) != b.get(k))
+    return "; ".join(f"{k}: {a.get(k)!r} there, {b.get(k)!r} asked" for k in keys[:5])
+
+
+def _refuse_other_config(run_dir: Path, saved: TrainConfig, config: TrainConfig, what: str):
+    if identity(saved) != identity(config):
+        raise ConfigError(
+            f"{run_dir} holds {what} with a different config ({_differences(saved, config)}); "
+            "use another folder or delete it"
+        )
+
+
+def _finished(config: TrainConfig, run_dir: Path) -> dict[str, Any] | None:
+    """The saved result when the folder holds this config's finished run; None when the run is
+    not finished; ConfigError when the folder holds another config's run."""
+    if not (run_dir / RESULT).exists():
+        return None
+    result = read_result(run_dir)
+    if (run_dir / CONFIG).exists():
+        saved = read_run_config(run_dir)
+    else:
+        try:
+            saved = from_dict(TrainConfig, result["config"])
+        except (ConfigError, TypeError) as error:
+            raise DamagedFileError(f"{run_dir / RESULT}: its config: {error}") from None
+    _refuse_other_config(run_dir, saved, config, "a finished run")
+    return result
 
 
 def train(config: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
@@ -118,33 +231,25 @@ def train(config: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     Returns:
         the final result: config, dev and test accuracy, best tracked accuracy, steps, wall
         time, parameter count, checkpoint path.
+
+    Raises:
+        ConfigError: the config is invalid, or the folder holds a run of another config.
+        DamagedFileError: a file of the folder cannot be read (named).
+        TrainingDiverged: the loss stayed non-finite (see `max_nonfinite_steps`).
     """
     run_dir = Path(run_dir)
-    if (run_dir / RESULT).exists():
-        return json.loads((run_dir / RESULT).read_text())
+    task = validate_config(config)  # before anything is written
+    result = _finished(config, run_dir)
+    if result is not None:
+        return result
     with exclusive_lock(run_dir / ".lock"):
-        return _train(config, run_dir)
+        result = _finished(config, run_dir)  # finished by another process meanwhile
+        if result is not None:
+            return result
+        return _train(config, run_dir, task)
 
 
-def _train(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
-    saved = run_dir / "config.yaml"
-    if saved.exists():
-        previous = from_dict(TrainConfig, yaml.safe_load(saved.read_text()))
-        if identity(previous) != identity(config):
-            raise ConfigError(
-                f"{run_dir} holds a run with a different config; use another folder or delete it"
-            )
-    atomic_write_text(saved, yaml.safe_dump(to_dict(config), sort_keys=False))
-
-    device = resolve_device(config.device)
-    kernels.set_backend(config.backend)
-    torch.manual_seed(config.seed)
-    task = build_task(config)
-    train_data = task.dataset("train", size=config.task.train_size).to(device)
-    eval_sets = {
-        split: task.dataset(split, size=config.task.eval_size).to(device)
-        for split in ("dev", "test")
-    }
+def _fresh(config: TrainConfig, task, device: torch.device):
     model = build_model_for(config, task).to(device)
     optimizer = torch.optim.AdamW(
         model.parameters(),
@@ -154,20 +259,59 @@ def _train(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
         weight_decay=config.optim.weight_decay,
         fused=device.type == "cuda",
     )
-    step_fn = torch.compile(model) if config.compile else model
+    return model, optimizer
+
+
+def _check_weights(model: torch.nn.Module, step: int, last_good: Path | None) -> None:
+    bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:
+        raise TrainingDiverged(
+            f"the weights are non-finite after step {step} ({', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}); not saved. {_kept(last_good)}"
+        )
+
+
+def _kept(last_good: Path | None) -> str:
+    where = f"the last good checkpoint is {last_good}" if last_good else "no checkpoint was kept"
+    return f"Stopped: {where}; no result written."
+
+
+def _train(config: TrainConfig, run_dir: Path, task) -> dict[str, Any]:
+    saved = run_dir / CONFIG
+    if saved.exists():
+        _refuse_other_config(run_dir, read_run_config(run_dir), config, "a run")
+    checkpoints = run_dir / "checkpoints"
+    for folder in (run_dir, checkpoints):  # temporaries a kill left (we hold the lock)
+        remove_temporaries(folder)
+    atomic_write_text(saved, yaml.safe_dump(to_dict(config), sort_keys=False))
+
+    device = resolve_device(config.device)
+    kernels.set_backend(config.backend)
+    torch.manual_seed(config.seed)
+    train_data = task.dataset("train", size=config.task.train_size).to(device)
+    eval_sets = {
+        split: task.dataset(split, size=config.task.eval_size).to(device)
+        for split in ("dev", "test")
+    }
+    init_rng = torch.get_rng_state()
+    model, optimizer = _fresh(config, task, device)
 
     total = config.total_steps
-    checkpoints = run_dir / "checkpoints"
-    metrics_path = run_dir / "metrics.jsonl"
+    metrics_path = run_dir / METRICS
     start_step, best, elapsed = 0, 0.0, 0.0
-    latest = latest_checkpoint(checkpoints)
-    if latest is not None:
-        state = load_checkpoint(latest, model, optimizer)
-        start_step, best, elapsed = state["step"], state["best_accuracy"], state["elapsed_s"]
+    state, skipped = restore_newest(checkpoints, model, optimizer)
+    if state is not None:
+        start_step = state["step"]
+        best, elapsed = state.get("best_accuracy", 0.0), state.get("elapsed_s", 0.0)
+    elif skipped:  # a damaged checkpoint may have been half loaded: start afresh
+        torch.set_rng_state(init_rng)
+        model, optimizer = _fresh(config, task, device)
+    step_fn = torch.compile(model) if config.compile else model
     records = _read_metrics(metrics_path, start_step)
     atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in records))
 
     def checkpoint(step: int) -> None:
+        _check_weights(model, step, latest_checkpoint(checkpoints))
         extra = {"best_accuracy": best, "elapsed_s": elapsed + time.perf_counter() - started}
         save_checkpoint(checkpoints, step, model, optimizer, extra, keep=config.keep_checkpoints)
         atomic_write_parquet(run_dir / "metrics.parquet", pd.DataFrame(records))
@@ -175,10 +319,11 @@ def _train(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
     num_docs = len(train_data)
     started = time.perf_counter()
     window_loss, window_start = [], time.perf_counter()
+    nonfinite: list[int] = []  # the current run of steps with a non-finite loss
     bar = tqdm(
         total=total, initial=start_step, disable=not config.progress, desc=run_dir.name, unit="step"
     )
-    with open(metrics_path, "a") as log:
+    with open(metrics_path, "a") as log, contextlib.closing(bar):
         for step in range(start_step, total):
             lr = learning_rate(
                 step, total, config.optim.lr, config.optim.warmup_fraction, config.optim.schedule
@@ -191,6 +336,17 @@ def _train(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
             with _autocast(config, device):
                 logits = answer_logits(step_fn, batch.tokens, batch.positions["query"])
             loss = F.cross_entropy(logits.float(), batch.answers)
+            if bool(torch.isfinite(loss)):
+                nonfinite = []
+            else:
+                nonfinite.append(step + 1)
+                if len(nonfinite) >= config.max_nonfinite_steps:
+                    raise TrainingDiverged(
+                        f"{run_dir}: the loss was {float(loss.detach())} for {len(nonfinite)} "
+                        f"consecutive steps ({nonfinite[0]}..{nonfinite[-1]}; "
+                        f"max_nonfinite_steps={config.max_nonfinite_steps}). "
+                        f"{_kept(latest_checkpoint(checkpoints))} Try a lower optim.lr."
+                    )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -224,7 +380,11 @@ def _train(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
             if (config.checkpoint_every and done % config.checkpoint_every == 0) or done == total:
                 log.flush()
                 checkpoint(done)
-    bar.close()
+    if nonfinite:  # the run ended inside a run of non-finite losses
+        raise TrainingDiverged(
+            f"{run_dir}: the loss was non-finite at the last {len(nonfinite)} step(s) "
+            f"({nonfinite[0]}..{nonfinite[-1]}). {_kept(latest_checkpoint(checkpoints))}"
+        )
 
     final_ckpt = latest_checkpoint(checkpoints)
     result = {
@@ -252,7 +412,7 @@ def load_trained_model(
     from mecheval.train.checkpoint import load_weights
 
     run_dir = Path(run_dir)
-    config = from_dict(TrainConfig, yaml.safe_load((run_dir / "config.yaml").read_text()))
+    config = read_run_config(run_dir)
     task = build_task(config)
     model = build_model_for(config, task).to(device)
     chosen = Path(checkpoint) if checkpoint else latest_checkpoint(run_dir / "checkpoints")

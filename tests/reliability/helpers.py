@@ -1,0 +1,30 @@
+"""Tiny runs for the reliability probes (issue 18): a 4-pair AR task, d_model 16, a few steps,
+the PyTorch kernels (the test session turns on the Triton interpreter), on CPU, no progress
+bar."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mecheval.train import TrainConfig, load_train_config
+
+TINY = [
+    "task.options.num_pairs=4",
+    "task.options.num_keys=16",
+    "task.train_size=320",
+    "task.eval_size=32",
+    "d_model=16",
+    "progress=false",
+    "backend=torch",
+    "device=cpu",  # resumed runs are compared bitwise, which CPU guarantees
+]
+
+
+def tiny(*overrides: str) -> TrainConfig:
+    """A tiny config: 8 steps, a checkpoint every 2 steps (the newest 2 kept), a record every 2."""
+    defaults = ["steps=8", "checkpoint_every=2", "keep_checkpoints=2", "log_every=2"]
+    return load_train_config(None, [*TINY, *defaults, "eval_every=4", *overrides])
+
+
+def checkpoint_steps(run: Path) -> list[str]:
+    return sorted(p.name for p in (run / "checkpoints").glob("step_*"))
