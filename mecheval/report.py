@@ -39,7 +39,7 @@ from mecheval.findings import findings_table
 from mecheval.interventions import MECHANISM_THRESHOLD, attrib
 from mecheval.io import atomic_write_parquet
 from mecheval.plots import heatmap, over_training, value_vs_query
-from mecheval.train.loop import RESULT
+from mecheval.train.loop import read_result
 
 MODEL = ["task", "arch", "d_model", "n_layers"]
 
@@ -48,7 +48,7 @@ def collect_results(path: str | Path) -> pd.DataFrame:
     """One row per finished run: its identity and accuracies."""
     rows = []
     for run in finished_runs(path):
-        result = json.loads((run / RESULT).read_text())
+        result = read_result(run)
         config = result["config"]
         rows.append(
             {

@@ -13,13 +13,13 @@ int64 matrix would be mostly padding.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from mecheval.io import atomic_write
 from mecheval.tasks.batch import POSITION_NAMES, Batch
 
 CACHE_ENV_VAR = "MECHEVAL_CACHE"
@@ -67,14 +67,8 @@ def save_batch(path: Path, batch: Batch, metadata: dict[str, str]) -> None:
         name: tensor.detach().cpu().to(_compact_dtype(tensor)).contiguous()
         for name, tensor in tensors.items()
     }
-    descriptor, temporary = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    os.close(descriptor)
-    try:
-        save_file(tensors, temporary, metadata=metadata)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    # Atomic, and with the user's umask (mkstemp alone would leave the file 0600).
+    atomic_write(path, lambda temporary: save_file(tensors, temporary, metadata=metadata))
 
 
 def load_batch(path: Path) -> tuple[Batch, dict[str, str]] | None:

@@ -72,6 +72,8 @@ def test_written_files_get_the_users_umask(tmp_path, umask):
         run / "checkpoints" / "step_000000002" / "model.safetensors",
     ]:
         assert stat.S_IMODE(path.stat().st_mode) == expected, path
+    cached = list((tmp_path / "cache").rglob("*.safetensors"))  # the task's dataset cache
+    assert cached and all(stat.S_IMODE(p.stat().st_mode) == expected for p in cached)
 
 
 def test_temporaries_left_by_a_kill_are_removed_on_resume(tmp_path):
