@@ -61,7 +61,10 @@ def evidence_table(best: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
     read-outs (with bounds) for models with a layer-0 short conv."""
     rows = []
     for _, run in best.iterrows():
-        row = {k: run[k] for k in ("task", "arch", "d_model", "n_layers", "lr", "dev_accuracy")}
+        row = {
+            k: run[k]
+            for k in ("task", "setting", "arch", "d_model", "n_layers", "lr", "dev_accuracy")
+        }
         if not run["evaluated"]:
             rows.append(row)
             continue
@@ -97,7 +100,7 @@ def over_training_table(best: pd.DataFrame) -> pd.DataFrame:
         path = Path(run["path"]) / OVER_TRAINING
         if path.exists():
             table = pd.read_parquet(path)
-            for column in ("task", "arch", "d_model", "n_layers", "lr"):
+            for column in ("task", "setting", "arch", "d_model", "n_layers", "lr"):
                 table.insert(0, column, run[column])
             frames.append(table)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -110,7 +113,7 @@ def formation_steps(table: pd.DataFrame, threshold: float = 0.5) -> pd.DataFrame
         return table
     rows = []
     for run, part in table.sort_values("step").groupby("run", sort=False):
-        row = {k: part[k].iloc[0] for k in ("task", "arch", "d_model")}
+        row = {k: part[k].iloc[0] for k in ("setting", "arch", "d_model")}
         for name in READOUTS:
             reached = part[part[name] >= threshold] if name in part else part.iloc[:0]
             row[f"{name}_from"] = float(reached["step"].iloc[0]) if len(reached) else np.nan
@@ -148,7 +151,7 @@ def distance_table(best: pd.DataFrame, bins: int = 4) -> pd.DataFrame:
         examples["bin"] = pd.cut(distance, edges, include_lowest=True, duplicates="drop")
         grid = key_grid(path).merge(examples[["example", "bin"]], on="example")
         for interval, docs in examples.groupby("bin", observed=True):
-            row = {k: run[k] for k in ("task", "arch", "d_model")}
+            row = {k: run[k] for k in ("setting", "arch", "d_model")}
             inside = docs["distance"]  # integer distances: name the bin by its range
             row["distance"] = f"{inside.min()}-{inside.max()}"
             row["n"] = len(docs)

@@ -2,16 +2,20 @@
 
     findings_table(evidence) -> one row per finding: claim, the study's numbers, ours, verdict
 
-`evidence` has one row per selected 2-layer model (the report's best learning rate per task,
-architecture and width): task name ("ar" or "atr"), arch, d_model, dev_accuracy, the read-outs
+`evidence` has one row per selected 2-layer model (the report's best learning rate per task
+setting, architecture and width): task name ("ar" or "atr"), setting (the task with its
+options, e.g. "ar()" or "ar(num_pairs=4, num_keys=16)"), arch, d_model, dev_accuracy, the read-outs
 (induction, direct_early, direct_late, with `_low` / `_high` bootstrap bounds when present),
 mechanism, and for models with a short conv its layer-0 output read-outs (conv_value+1,
 conv_value+2). For each architecture a finding looks at its most accurate width.
 
-Verdicts, computed, never written by hand:
-- "reproduced": every model the finding names was run and behaves as the study found;
-- "not reproduced": they were run and at least one does not;
-- "not run at this scale": a model the finding needs has no evaluated run.
+A finding is judged in each task setting of its task separately (a toy AR task and the
+study's own are not mixed), and `ours` lists every setting's outcome. Verdicts, computed,
+never written by hand:
+- "reproduced": in some setting, every model the finding names was run and behaves as the
+  study found;
+- "not reproduced": they were run together in some setting, and in none do all behave so;
+- "not run at this scale": no setting has every model the finding needs (evaluated).
 Thresholds: a model *solves* a task at dev accuracy >= SOLVES and *fails* it below FAILS (the
 study's failing models stay at or below 0.3 on AR); a read-out names a mechanism by
 `mecheval.interventions.readout`'s rule (the highest read-out, if >= 0.5).
@@ -162,11 +166,32 @@ FINDINGS = (
 )
 
 
+def _task_of(finding: Finding) -> str:
+    return "atr" if finding.claim.startswith("ATR") else "ar"
+
+
 def findings_table(evidence: pd.DataFrame) -> pd.DataFrame:
     """One row per finding: finding (1..5), claim, study, ours, verdict."""
     rows = []
     for number, finding in enumerate(FINDINGS, start=1):
-        ours, verdict = finding.check(evidence)
+        task = _task_of(finding)
+        settings = (
+            list(dict.fromkeys(evidence.loc[evidence["task"] == task, "setting"]))
+            if "setting" in evidence
+            else [None]
+        )
+        outcomes = []
+        for setting in settings or [None]:
+            part = evidence if setting is None else evidence[evidence["setting"] == setting]
+            ours, verdict = finding.check(part)
+            outcomes.append((setting, ours, verdict))
+        verdicts = [v for _, _, v in outcomes]
+        verdict = next((v for v in (REPRODUCED, NOT_REPRODUCED) if v in verdicts), NOT_RUN)
+        order = sorted(outcomes, key=lambda o: (o[2] != verdict, o[0] or ""))
+        ours = " | ".join(
+            f"{setting} ({v}): {text}" if setting is not None else text
+            for setting, text, v in order
+        )
         rows.append(
             {
                 "finding": number,

@@ -42,8 +42,8 @@ def value_vs_query(evidence: pd.DataFrame, out: Path) -> str | None:
     if two_layer.empty:
         return None
     fig, ax = plt.subplots(figsize=(5.5, 5))
-    for (task, arch), part in two_layer.groupby(["task", "arch"]):
-        ax.scatter(part["direct_early"], part["induction"], label=f"{task} {arch}", s=40)
+    for (setting, arch), part in two_layer.groupby(["setting", "arch"]):
+        ax.scatter(part["direct_early"], part["induction"], label=f"{setting} {arch}", s=40)
     ax.plot([0, 1], [0, 1], color="grey", lw=0.5)
     ax.set_xlabel("Attrib at query (direct retrieval, early)")
     ax.set_ylabel("Attrib at value (induction)")
@@ -70,7 +70,7 @@ def over_training(table: pd.DataFrame, out: Path) -> str | None:
                 style = "k--" if name == "accuracy" else "-o"
                 ax.plot(part["step"], part[name], style, label=name, markersize=3)
         first = part.iloc[0]
-        ax.set_title(f"{first['task']} {first['arch']} d{first['d_model']}", fontsize=9)
+        ax.set_title(f"{first['setting']} {first['arch']} d{first['d_model']}", fontsize=8)
         ax.set_xlabel("step")
         ax.set_ylim(-0.2, 1.2)
     for ax in list(axes.flat)[len(runs) :]:

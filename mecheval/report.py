@@ -40,9 +40,16 @@ from mecheval.interventions import MECHANISM_THRESHOLD, attrib
 from mecheval.io import atomic_write_parquet
 from mecheval.plots import heatmap, over_training, value_vs_query
 from mecheval.study_numbers import study_accuracy
+from mecheval.tasks import make_task
 from mecheval.train.loop import read_result
 
-MODEL = ["task", "arch", "d_model", "n_layers"]
+MODEL = ["task", "setting", "arch", "d_model", "n_layers"]
+
+
+def task_setting(task_section: dict) -> str:
+    """A run's task setting, readable: the task name and its non-default options, e.g.
+    "ar()" (the study's AR) or "ar(num_pairs=4, num_keys=16)"."""
+    return make_task(task_section["name"], **task_section.get("options", {})).label()
 
 
 def collect_results(path: str | Path) -> pd.DataFrame:
@@ -56,6 +63,7 @@ def collect_results(path: str | Path) -> pd.DataFrame:
                 "run": run.name,
                 "path": str(run),
                 "task": config["task"]["name"],
+                "setting": task_setting(config["task"]),
                 "task_label": json.dumps(config["task"], sort_keys=True),
                 "arch": config["model"]["arch"],
                 "d_model": config["model"]["d_model"],
@@ -73,7 +81,8 @@ def collect_results(path: str | Path) -> pd.DataFrame:
 
 
 def best_runs(results: pd.DataFrame) -> pd.DataFrame:
-    """The run with the best dev accuracy per (task, arch, width, depth); ties: smaller lr."""
+    """The run with the best dev accuracy per (task setting, arch, width, depth); ties: smaller
+    lr."""
     ordered = results.sort_values(["dev_accuracy", "lr"], ascending=[False, True])
     return ordered.groupby(MODEL, sort=False).head(1).sort_values(MODEL).reset_index(drop=True)
 
@@ -130,7 +139,7 @@ def mechanism_display(evidence: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     shown = evidence[evidence["mechanism"].notna()]
     names = [c for c in shown if f"{c}_low" in shown and not c.startswith("conv_")]
-    columns = {c: shown[c] for c in ("task", "arch", "d_model", "n_layers", "dev_accuracy")}
+    columns = {c: shown[c] for c in ("setting", "arch", "d_model", "n_layers", "dev_accuracy")}
     columns.update({name: _with_interval(shown, name) for name in names})
     columns["mechanism"] = shown["mechanism"]
     columns["seeds"] = shown["seeds"]
@@ -142,7 +151,7 @@ def conv_display(evidence: pd.DataFrame) -> pd.DataFrame:
     if not names:
         return pd.DataFrame()
     shown = evidence.dropna(subset=names, how="all")
-    columns = {c: shown[c] for c in ("task", "arch", "d_model", "dev_accuracy")}
+    columns = {c: shown[c] for c in ("setting", "arch", "d_model", "dev_accuracy")}
     columns.update({name: _with_interval(shown, name) for name in names})
     return pd.DataFrame(columns)
 

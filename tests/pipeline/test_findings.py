@@ -64,3 +64,32 @@ def test_missing_models_are_not_run_and_the_most_accurate_width_counts():
     unevaluated = [dict(r) for r in STUDY_LIKE]
     unevaluated[0] = model("ar", "attention", 1.0)
     assert findings_table(pd.DataFrame(unevaluated)).iloc[0]["verdict"] == NOT_RUN
+
+
+def test_each_task_setting_is_judged_on_its_own():
+    toy, study = "ar(num_pairs=4, num_keys=16)", "ar()"
+    rows = [dict(r, setting=study if r["task"] == "ar" else "atr()") for r in STUDY_LIKE]
+    rows = [r for r in rows if r["arch"] not in ("h3", "hyena")]
+    rows += [
+        dict(model("ar", "h3", 0.86), setting=toy),  # H3 and Hyena solve the toy task...
+        dict(model("ar", "hyena", 0.9), setting=toy),
+        dict(model("ar", "attention", 1.0, "induction", induction=1.0), setting=toy),
+    ]
+    table = findings_table(pd.DataFrame(rows)).set_index("finding")
+    assert table.loc[2, "verdict"] == NOT_REPRODUCED
+    assert f"{toy} (not reproduced)" in table.loc[2, "ours"]
+    assert f"{study} (not run at this scale)" in table.loc[2, "ours"]
+    rows += [  # ... and fail the study's, which decides
+        dict(model("ar", "h3", 0.02), setting=study),
+        dict(model("ar", "hyena", 0.03), setting=study),
+    ]
+    table = findings_table(pd.DataFrame(rows)).set_index("finding")
+    assert table.loc[2, "verdict"] == REPRODUCED
+    ours = table.loc[2, "ours"]
+    assert ours.index(f"{study} (reproduced)") < ours.index(f"{toy} (not reproduced)")
+    # Based only ran on the study's task: finding 1 is judged there, not on the toy task
+    # where attention ran alone.
+    assert (
+        table.loc[1, "verdict"] == REPRODUCED
+        and f"{toy} (not run at this scale)" in (table.loc[1, "ours"])
+    )
