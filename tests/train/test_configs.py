@@ -12,7 +12,7 @@ from mecheval.sweep import expand_sweep, load_sweep
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 GRID_SIZES = {"study_ar_d64.yaml": 7 * 7}
-RUN_CONFIGS = ("study_ar_run.yaml", "quickstart.yaml")
+RUN_CONFIGS = ("study_ar_run.yaml", "quickstart.yaml", "findings.yaml")
 
 
 def test_every_config_file_is_covered():
@@ -40,3 +40,12 @@ def test_run_configs_load(name):
 
 def test_quickstart_file_equals_the_built_in_default():
     assert load_run_config(CONFIGS / "quickstart.yaml") == load_run_config(None)
+
+
+def test_findings_config_runs_the_study_settings_the_quickstart_lacks():
+    runs = expand_sweep(load_run_config(CONFIGS / "findings.yaml").sweep)
+    ar = {r.config.model.arch for r in runs if r.config.task.name == "ar"}
+    atr = {r.config.model.arch for r in runs if r.config.task.name == "atr"}
+    assert ar == {"h3", "hyena", "attention"} and atr == {"attention", "based", "mamba_noconv"}
+    assert all(r.config.task.options == {} for r in runs if r.config.task.name == "ar")
+    assert {r.config.total_steps for r in runs} == {50_016, 30_000}
