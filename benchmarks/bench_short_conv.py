@@ -1,13 +1,16 @@
-"""Short causal conv1d: forward and forward+backward, ours vs the fp32 reference vs causal-conv1d.
+"""Short causal conv1d: forward and forward+backward, ours vs the fp32 reference, vs the simplest
+library-call version (causal-conv1d's own reference: one grouped F.conv1d, then SiLU, with
+autograd's backward) and vs causal-conv1d's CUDA kernel when installed.
 
-On a GPU: the Triton path (bf16), the reference and causal-conv1d's CUDA kernel when installed.
-On CPU: the PyTorch path vs the reference (fp32). Shapes: the study's model shape and a long one.
+On a GPU: the Triton path (bf16). On CPU: the PyTorch path (fp32), which must be at least as
+fast as the F.conv1d version. Shapes: the study's model shape and a long one.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from benchmarks.common import DEVICE, DTYPE, installed, run_benchmark
 from kernels import causal_conv1d_fn
@@ -16,8 +19,16 @@ from kernels.short_conv import causal_conv1d_ref
 SHAPES = {"model B32 D128 L37 W4": (32, 128, 37, 4), "long B8 D2048 L4096 W4": (8, 2048, 4096, 4)}
 
 
+def conv1d_library(x, weight, bias=None, activation=None):
+    """causal-conv1d's `causal_conv1d_ref` without initial states: the library-call version."""
+    width = weight.shape[1]
+    y = F.conv1d(x, weight.unsqueeze(1), bias, padding=width - 1, groups=weight.shape[0])
+    y = y[..., : x.shape[-1]]
+    return F.silu(y) if activation in ("silu", "swish") else y
+
+
 def _implementations() -> dict:
-    impls = {"reference": causal_conv1d_ref}
+    impls = {"reference": causal_conv1d_ref, "F.conv1d": conv1d_library}
     if DEVICE.type == "cuda":
         impls["ours (triton)"] = lambda *a, **k: causal_conv1d_fn(*a, **k, backend="triton")
         if installed("causal_conv1d"):

@@ -2,10 +2,11 @@
 
 Triton's interpreter accepts code that a GPU compiler rejects, and says nothing about
 registers, spills or shared memory. This compiles every specialisation the host code launches
-(each op's `triton_kernels.hopper_specialisations()`) to a cubin with the ptxas that ships with
-Triton, and reports registers, spilled bytes, shared memory and wgmma instructions; a kernel
-over one block's shared-memory limit would fail to launch on the GPU, and a kernel that must
-not use wgmma (see Specialisation.allow_wgmma) fails the check if it does.
+(each op's `launch.hopper_specialisations()`, built from the same launch configurations the
+host code launches with) to a cubin with the ptxas that ships with Triton, and reports
+registers, spilled bytes, shared memory and wgmma instructions; a kernel over one block's
+shared-memory limit would fail to launch on the GPU, and a kernel that must not use wgmma (see
+Specialisation.allow_wgmma) fails the check if it does.
 
     python -m kernels.compile_check [--ops short_conv selective_scan delta_rule]
 
@@ -25,6 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernels._launch import Launch
+
 # Largest shared memory one block may use on sm_90 (H100/H200): 227 KiB.
 SM90_MAX_SHARED = 232448
 TRITON_DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -33,34 +36,33 @@ OPS = ("short_conv", "selective_scan", "delta_rule")
 
 @dataclass(frozen=True)
 class Specialisation:
-    """One launch configuration of a kernel.
+    """One launch configuration of a kernel, for inputs of one dtype.
 
     Attributes:
-        kernel: the `triton.jit` function.
-        constants: its constexpr arguments.
+        launch: the kernel, its constexprs, warps and stages, as the host code launches it.
         dtype: the dtype of the op's inputs (pointer arguments default to it).
-        warps, stages: launch options (stages None: Triton's default).
         float32_pointers: pointer arguments that are float32 whatever the input dtype
             (states, partial sums); other `*_ptr` arguments take `dtype`.
         float_scalars: scalar arguments that are floats (others are int32).
         allow_wgmma: whether the kernel may use Hopper's wgmma instructions (the delta rule's
-            may not: Triton 3.6 miscompiles them there, see its `chunk_size`).
+            may not: see kernels.delta_rule.common.CHUNK).
     """
 
-    kernel: object
-    constants: dict
+    launch: Launch
     dtype: torch.dtype
-    warps: int = 4
-    stages: int | None = None
     float32_pointers: frozenset = field(default_factory=frozenset)
     float_scalars: frozenset = field(default_factory=frozenset)
     allow_wgmma: bool = True
 
+    @property
+    def name(self) -> str:
+        return self.launch.kernel.__name__
+
     def signature(self) -> dict[str, str]:
         elem = TRITON_DTYPE[self.dtype]
         signature = {}
-        for name in self.kernel.arg_names:
-            if name in self.constants:
+        for name in self.launch.kernel.arg_names:
+            if name in self.launch.constants:
                 signature[name] = "constexpr"
             elif name.endswith("_ptr"):
                 signature[name] = "*fp32" if name in self.float32_pointers else f"*{elem}"
@@ -73,7 +75,6 @@ class Specialisation:
 
 @dataclass
 class Compiled:
-    name: str
     spec: Specialisation
     registers: int | None
     spilled_bytes: int | None
@@ -90,7 +91,7 @@ class Compiled:
         if self.wgmma and not self.spec.allow_wgmma:
             over += "  USES WGMMA"
         return (
-            f"{self.name:28s} {dtype} warps={self.spec.warps} regs={self.registers} "
+            f"{self.spec.name:28s} {dtype} warps={self.spec.launch.warps} regs={self.registers} "
             f"spilled={self.spilled_bytes}B shared={self.shared_bytes}B wgmma={self.wgmma}{over}"
         )
 
@@ -112,10 +113,11 @@ def compile_for_hopper(spec: Specialisation) -> Compiled:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    options = {"num_warps": spec.warps}
-    if spec.stages is not None:
-        options["num_stages"] = spec.stages
-    source = ASTSource(spec.kernel, signature=spec.signature(), constexprs=spec.constants)
+    launch = spec.launch
+    options = {"num_warps": launch.warps}
+    if launch.stages is not None:
+        options["num_stages"] = launch.stages
+    source = ASTSource(launch.kernel, signature=spec.signature(), constexprs=launch.constants)
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     with tempfile.TemporaryDirectory() as tmp:
         ptx = os.path.join(tmp, "kernel.ptx")
@@ -129,7 +131,6 @@ def compile_for_hopper(spec: Specialisation) -> Compiled:
     registers = re.search(r"Used (\d+) registers", report)
     spilled = re.search(r"(\d+) bytes spill stores", report)
     return Compiled(
-        spec.kernel.__name__,
         spec,
         int(registers.group(1)) if registers else None,
         int(spilled.group(1)) if spilled else None,
@@ -146,13 +147,13 @@ def main() -> int:
         parser.error("unset TRITON_INTERPRET: the interpreter builds no compilable kernels")
     failures = 0
     for op in args.ops:
-        module = importlib.import_module(f"kernels.{op}.triton_kernels")
+        module = importlib.import_module(f"kernels.{op}.launch")
         for spec in module.hopper_specialisations():
             try:
                 compiled = compile_for_hopper(spec)
             except Exception as error:  # report every failure, not just the first
                 failures += 1
-                print(f"{op:15s} {spec.kernel.__name__:28s} FAILED: {error!r:.300}", flush=True)
+                print(f"{op:15s} {spec.name:28s} FAILED: {error!r:.300}", flush=True)
                 continue
             failures += not compiled.ok
             print(f"{op:15s} {compiled.line()}", flush=True)

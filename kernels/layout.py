@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 
 
-def match_layout(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """`t` with the strides of `torch.empty_like(like)` (copied only when they differ)."""
-    target = torch.empty_like(like, dtype=t.dtype)
-    if t.stride() == target.stride():
+def match_layout(t: torch.Tensor, like: torch.Tensor, dtype: torch.dtype | None = None):
+    """`t` in `dtype` (default: its own) with the strides of `torch.empty_like(like)`, copied
+    only when either differs (the strides are worked out on the meta device: no allocation)."""
+    dtype = t.dtype if dtype is None else dtype
+    if t.dtype == dtype and t.stride() == torch.empty_like(like, device="meta").stride():
         return t
-    return target.copy_(t)
+    return torch.empty_like(like, dtype=dtype).copy_(t)

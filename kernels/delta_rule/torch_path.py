@@ -13,7 +13,7 @@ T steps of matrix-vector products); O is one batched matmul over all chunks afte
 sequence is zero-padded to a multiple of C (padded steps have k = 0 and beta = 0, so they leave
 the state alone).
 
-The backward is written out (the derivative of the above, as in `triton_kernels`): a reverse
+The backward is written out (the derivative of the above, as in the Triton kernels): a reverse
 loop over chunks for the state's gradient dS and dR = A^T dU, then batched matmuls over all
 chunks for the gradients of q, k, v and beta. The forward saves the chunk start states, the U
 rows and A for it: no per-step state is ever kept.
@@ -24,12 +24,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels._op import compute_dtype
+from kernels.delta_rule.op import DeltaArgs
+
+# Steps per chunk: the sequential loop then runs T / 64 steps of (64, K) x (K, V) matmuls.
 # Sequences shorter than this are one chunk of their own length.
 CHUNK_SIZE = 64
-
-
-def _compute_dtype(q: torch.Tensor) -> torch.dtype:
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
 def _chunking(T: int) -> tuple[int, int]:
@@ -61,7 +61,7 @@ def empty_saved(
     B, T, H, K = q.shape
     V = v.shape[-1]
     chunk, n = _chunking(T)
-    dtype = _compute_dtype(q)
+    dtype = compute_dtype(q)
     return (
         q.new_empty(n, B, H, chunk, V, dtype=dtype),
         q.new_empty(n, B, H, K, V, dtype=dtype),
@@ -69,35 +69,25 @@ def empty_saved(
     )
 
 
-def _chunked_inputs(q, k, v, beta, scale):
-    compute = _compute_dtype(q)
-    chunk, n = _chunking(q.shape[1])
-    qc = _to_chunks(q.to(compute) * scale, chunk, n)  # (n, B, H, C, K), pre-scaled
-    kc = _to_chunks(k.to(compute), chunk, n)
-    vc = _to_chunks(v.to(compute), chunk, n)
-    bc = _to_chunks(beta.to(compute).unsqueeze(-1), chunk, n)  # (n, B, H, C, 1)
+def _chunked_inputs(a: DeltaArgs):
+    compute = compute_dtype(a.q)
+    chunk, n = _chunking(a.q.shape[1])
+    qc = _to_chunks(a.q.to(compute) * a.scale, chunk, n)  # (n, B, H, C, K), pre-scaled
+    kc = _to_chunks(a.k.to(compute), chunk, n)
+    vc = _to_chunks(a.v.to(compute), chunk, n)
+    bc = _to_chunks(a.beta.to(compute).unsqueeze(-1), chunk, n)  # (n, B, H, C, 1)
     return qc, kc, vc, bc
 
 
-def forward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    scale: float,
-    initial_state: torch.Tensor | None,
-    output_final_state: bool,
-    kernel: str = "chunked",
-) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]:
-    """q, k (B, T, H, K), v (B, T, H, V), beta (B, T, H), initial_state (B, H, K, V).
-
-    Returns o (B, T, H, V) in q's dtype (contiguous), the final state (B, H, K, V) in float32
+def forward(args: DeltaArgs) -> tuple[torch.Tensor, ...]:
+    """o (B, T, H, V) in q's dtype (contiguous), the final state (B, H, K, V) in float32
     (float64 for float64 inputs) or None, and the buffers the backward needs (`empty_saved`).
-    The PyTorch path has one kernel: `kernel` is accepted for symmetry with the Triton path.
+    The PyTorch path has one kernel: `args.kernel` is ignored.
     """
+    q, initial_state = args.q, args.initial_state
     B, T, H, K = q.shape
-    qc, kc, vc, bc = _chunked_inputs(q, k, v, beta, scale)
-    u, h, a = empty_saved(q, v)
+    qc, kc, vc, bc = _chunked_inputs(args)
+    u, h, a = empty_saved(q, args.v)
     kb = kc * bc
     lower = (kb @ kc.transpose(-1, -2)).tril(-1)
     eye = torch.eye(lower.shape[-1], dtype=lower.dtype, device=lower.device)
@@ -112,26 +102,17 @@ def forward(
         state = state + kc[c].transpose(-1, -2) @ u[c]
     o = qc @ h + (qc @ kc.transpose(-1, -2)).tril() @ u  # (n, B, H, C, V)
     o = _from_chunks(o, T).to(q.dtype).contiguous()
-    return o, (state if output_final_state else None), (u, h, a)
+    return o, (state if args.output_final_state else None), u, h, a
 
 
-def backward(
-    do: torch.Tensor,
-    dfinal: torch.Tensor | None,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    scale: float,
-    initial_state: torch.Tensor | None,
-    saved: tuple[torch.Tensor, ...],
-    kernel: str = "chunked",
-) -> list[torch.Tensor | None]:
+def backward(args: DeltaArgs, grads: tuple, saved: tuple) -> list[torch.Tensor | None]:
     """Gradients (dq, dk, dv, dbeta, dinitial_state) in the compute dtype; None for an absent
-    initial_state. `dfinal` is the final state's gradient, or None when it was not an output."""
-    T = q.shape[1]
+    initial_state."""
+    do = grads[0]
+    dfinal = grads[1] if args.output_final_state else None
+    T, scale = args.q.shape[1], args.scale
     u, h, a = saved
-    qc, kc, vc, bc = _chunked_inputs(q, k, v, beta, scale)
+    qc, kc, vc, bc = _chunked_inputs(args)
     chunk, n = _chunking(T)
     doc = _to_chunks(do.to(h.dtype), chunk, n)
     kb = kc * bc
@@ -162,5 +143,5 @@ def backward(
         _from_chunks(dk, T),
         _from_chunks(dv, T),
         _from_chunks(dbeta, T).squeeze(-1),
-        None if initial_state is None else dstate,
+        None if args.initial_state is None else dstate,
     ]

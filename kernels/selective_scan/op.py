@@ -1,190 +1,86 @@
-"""`selective_scan_fn`: the public selective-scan op, its custom-op registration and autograd.
+"""`selective_scan_fn`: the public selective-scan op (validation and the call of its custom op;
+the scaffold is kernels._op).
 
-The op is registered with torch.library so that `torch.compile(fullgraph=True)` treats it as one
-opaque node with a registered backward; which implementation runs is decided per call by
-`kernels.backend` and passed to the custom op as a string. Both implementations share one
-interface: `forward` returns (out, last_state, checkpoints), where the checkpoints (K, B, D, N)
-are the float32 states at the start of each chunk of positions, saved for the backward (their
-number K depends on the implementation: `num_checkpoints`; K = 0 when no gradient is needed).
+Both implementations' `forward` returns (out, last_state, checkpoints), where the checkpoints
+(K, B, D, N) are the float32 states at the start of each chunk of positions, kept for the
+backward (their number K depends on the implementation: `num_checkpoints`; K = 0 when no
+gradient is needed).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from kernels.backend import resolve_backend
-from kernels.selective_scan import torch_path
-from kernels.validation import (
-    allowed_dtypes,
-    check_choice,
-    check_range,
-    check_same_device,
-    check_tensor,
-    check_tensor_layouts,
-)
+from kernels._op import Op, compute_dtype, needs_grad
+from kernels.validation import check_choice, check_range, check_tensor, check_tensor_layouts
 
-OP = "selective_scan_fn"
 MAX_STATE = 256
 BC_LAYOUTS = ("D N", "B N L", "B G N L")
 
 
-def _impl(backend: str):
-    if backend == "triton":
-        from kernels.selective_scan import triton_kernels
+class ScanArgs(NamedTuple):
+    """The custom op's inputs; `save_checkpoints`: keep the chunks' start states for a
+    backward."""
 
-        return triton_kernels
-    return torch_path
-
-
-def _state_dtype(u: torch.Tensor) -> torch.dtype:
-    return torch.float64 if u.dtype == torch.float64 else torch.float32
-
-
-@torch.library.custom_op("mecheval::selective_scan_fwd", mutates_args=())
-def _scan_fwd(
-    u: torch.Tensor,
-    delta: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor | None,
-    z: torch.Tensor | None,
-    delta_bias: torch.Tensor | None,
-    initial_state: torch.Tensor | None,
-    softplus: bool,
-    save_checkpoints: bool,
-    backend: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    out, last_state, checkpoints = _impl(backend).forward(
-        u, delta, A, B, C, D, z, delta_bias, initial_state, softplus, save_checkpoints
-    )
-    return out, last_state, checkpoints
+    u: torch.Tensor
+    delta: torch.Tensor
+    A: torch.Tensor
+    B: torch.Tensor
+    C: torch.Tensor
+    D: torch.Tensor | None
+    z: torch.Tensor | None
+    delta_bias: torch.Tensor | None
+    initial_state: torch.Tensor | None
+    softplus: bool
+    save_checkpoints: bool
 
 
-@_scan_fwd.register_fake
-def _(u, delta, A, B, C, D, z, delta_bias, initial_state, softplus, save, backend):
-    batch, channels, length = u.shape
-    N = A.shape[1]
-    n_ckpt = _impl(backend).num_checkpoints(batch, channels, N, length) if save else 0
-    dtype = _state_dtype(u)
-    return (
-        torch.empty_like(u),
-        u.new_empty(batch, channels, N, dtype=dtype),
-        u.new_empty(n_ckpt, batch, channels, N, dtype=dtype),
-    )
-
-
-@torch.library.custom_op("mecheval::selective_scan_bwd", mutates_args=())
-def _scan_bwd(
-    dout: torch.Tensor,
-    dlast: torch.Tensor | None,
-    u: torch.Tensor,
-    delta: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor | None,
-    z: torch.Tensor | None,
-    delta_bias: torch.Tensor | None,
-    initial_state: torch.Tensor | None,
-    checkpoints: torch.Tensor,
-    softplus: bool,
-    backend: str,
-) -> tuple[
-    torch.Tensor,
-    torch.Tensor,
-    torch.Tensor,
-    torch.Tensor,
-    torch.Tensor,
-    torch.Tensor,
-    torch.Tensor,
-    torch.Tensor,
-    torch.Tensor,
-]:
-    grads = _impl(backend).backward(
-        dout, dlast, u, delta, A, B, C, D, z, delta_bias, initial_state, checkpoints, softplus
-    )
-    # Custom ops return tensors only: absent inputs get distinct empty placeholders (outputs
-    # may not alias), which the autograd glue drops.
-    return tuple(u.new_empty(0) if g is None else g for g in grads)
-
-
-@_scan_bwd.register_fake
-def _(dout, dlast, u, delta, A, B, C, D, z, delta_bias, initial_state, checkpoints, sp, be):
-    inputs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
-    return tuple(u.new_empty(0) if t is None else torch.empty_like(t) for t in inputs)
-
-
-def _setup_context(ctx, inputs, output):
-    u, delta, A, B, C, D, z, delta_bias, initial_state, softplus, _, backend = inputs
-    checkpoints = output[2]
-    ctx.mark_non_differentiable(checkpoints)
-    ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, initial_state, checkpoints)
-    ctx.softplus, ctx.backend = softplus, backend
-
-
-def _backward(ctx, dout, dlast, dcheckpoints):
-    u, delta, A, B, C, D, z, delta_bias, initial_state, checkpoints = ctx.saved_tensors
-    grads = _scan_bwd(
-        dout,
-        dlast,
-        u,
-        delta,
-        A,
-        B,
-        C,
-        D,
-        z,
-        delta_bias,
-        initial_state,
-        checkpoints,
-        ctx.softplus,
-        ctx.backend,
-    )
-    inputs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
-    return (
-        *(None if t is None else g for t, g in zip(inputs, grads, strict=True)),
-        None,
-        None,
-        None,
-    )
-
-
-_scan_fwd.register_autograd(_backward, setup_context=_setup_context)
-
-
-def _validate(u, delta, A, B, C, D, z, delta_bias, initial_state, softplus, backend: str) -> None:
-    dtypes = allowed_dtypes(backend)
+def _validate(dtypes, u, delta, A, B, C, D, z, delta_bias, initial_state, softplus) -> None:
+    op = OP.public
     sizes: dict[str, int] = {}
-    check_tensor(OP, "u", u, "B D L", sizes, dtypes)
-    if sizes["L"] < 1:
-        raise ValueError(f"{OP}: u must have at least one position (L >= 1), got L = 0")
-    if sizes["B"] < 1:
-        raise ValueError(f"{OP}: u must have at least one sequence (batch B >= 1), got B = 0")
-    if sizes["D"] < 1:
-        raise ValueError(f"{OP}: u must have at least one channel (D >= 1), got D = 0")
-    check_tensor(OP, "delta", delta, "B D L", sizes, dtypes)
-    check_tensor(OP, "A", A, "D N", sizes, dtypes)
-    check_range(OP, "state size N (A.shape[1])", sizes["N"], 1, MAX_STATE)
+    check_tensor(op, "u", u, "B D L", sizes, dtypes)
+    for dim, what in (("L", "position (L"), ("B", "sequence (batch B"), ("D", "channel (D")):
+        if sizes[dim] < 1:
+            raise ValueError(f"{op}: u must have at least one {what} >= 1), got {dim} = 0")
+    check_tensor(op, "delta", delta, "B D L", sizes, dtypes)
+    check_tensor(op, "A", A, "D N", sizes, dtypes)
+    check_range(op, "state size N (A.shape[1])", sizes["N"], 1, MAX_STATE)
     for name, X in (("B", B), ("C", C)):
         # Each of B and C has its own number of groups G.
         own = {k: v for k, v in sizes.items() if k != "G"}
-        check_tensor_layouts(OP, name, X, BC_LAYOUTS, own, dtypes)
+        check_tensor_layouts(op, name, X, BC_LAYOUTS, own, dtypes)
         groups = own.get("G", 1)
         if groups < 1 or sizes["D"] % groups:
             raise ValueError(
-                f"{OP}: the number of groups of {name} (G = {groups}, {name} of shape "
+                f"{op}: the number of groups of {name} (G = {groups}, {name} of shape "
                 f"(B, G, N, L) = {tuple(X.shape)}) must divide the channels D = {sizes['D']}"
             )
-    if D is not None:
-        check_tensor(OP, "D", D, "D", sizes, dtypes)
-    if z is not None:
-        check_tensor(OP, "z", z, "B D L", sizes, dtypes)
-    if delta_bias is not None:
-        check_tensor(OP, "delta_bias", delta_bias, "D", sizes, dtypes)
-    if initial_state is not None:
-        check_tensor(OP, "initial_state", initial_state, "B D N", sizes, dtypes)
-    check_choice(OP, "delta_softplus", softplus, (False, True))
+    for name, t, dims in (
+        ("D", D, "D"),
+        ("z", z, "B D L"),
+        ("delta_bias", delta_bias, "D"),
+        ("initial_state", initial_state, "B D N"),
+    ):
+        if t is not None:
+            check_tensor(op, name, t, dims, sizes, dtypes)
+    check_choice(op, "delta_softplus", softplus, (False, True))
+
+
+def _fake(a: ScanArgs, backend: str) -> tuple:
+    batch, channels, length = a.u.shape
+    N = a.A.shape[1]
+    count = OP.implementation(backend).num_checkpoints(batch, channels, N, length)
+    dtype = compute_dtype(a.u)
+    return (
+        torch.empty_like(a.u),
+        a.u.new_empty(batch, channels, N, dtype=dtype),
+        a.u.new_empty(count if a.save_checkpoints else 0, batch, channels, N, dtype=dtype),
+    )
+
+
+OP = Op(__package__, "selective_scan_fn", ScanArgs, "B D L", _validate, _fake, outputs=3, saved=1)
 
 
 def selective_scan_fn(
@@ -228,41 +124,16 @@ def selective_scan_fn(
     Returns:
         out (B, D, L) in u's dtype and memory layout, or (out, last_state (B, D, N) float32).
     """
-    check_tensor(OP, "u", u, "B D L", {})
-    tensors = dict(
-        u=u,
-        delta=delta,
-        A=A,
-        B=B,
-        C=C,
-        D=D,
-        z=z,
-        delta_bias=delta_bias,
+    tensors = dict(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias)
+    chosen = OP.check(backend, **tensors, initial_state=initial_state, softplus=delta_softplus)
+    a = ScanArgs(
+        **tensors,
         initial_state=initial_state,
+        softplus=bool(delta_softplus),
+        save_checkpoints=False,
     )
-    device = check_same_device(
-        OP, **{k: v for k, v in tensors.items() if isinstance(v, torch.Tensor)}
-    )
-    chosen = resolve_backend(OP, backend, device)
-    _validate(u, delta, A, B, C, D, z, delta_bias, initial_state, delta_softplus, chosen)
     # The backward's checkpoints only when autograd will ask for a backward.
-    needs_grad = torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors.values()
-    )
-    out, last_state, _ = _scan_fwd(
-        u,
-        delta,
-        A,
-        B,
-        C,
-        D,
-        z,
-        delta_bias,
-        initial_state,
-        bool(delta_softplus),
-        needs_grad,
-        chosen,
-    )
+    out, last_state, _ = OP(a._replace(save_checkpoints=needs_grad(a)), chosen)
     if not return_last_state:
         return out
     return out, last_state

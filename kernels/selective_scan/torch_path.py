@@ -16,19 +16,19 @@ orders of magnitude slower (see docs/kernels.md).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
+from kernels._op import compute_dtype
 from kernels.layout import match_layout
+from kernels.selective_scan.op import ScanArgs
 
 # Elements of one (T, rows, D, N) chunk buffer; the backward holds about six of them.
 CHUNK_ELEMENTS = 1 << 20
 # Batch tiles are sized so that a chunk holds at least this many positions.
 MIN_CHUNK = 4
-
-
-def _compute_dtype(u: torch.Tensor) -> torch.dtype:
-    return torch.float64 if u.dtype == torch.float64 else torch.float32
 
 
 def tile_rows(batch: int, channels: int, state: int, length: int) -> int:
@@ -51,16 +51,13 @@ def _tiles(batch: int, channels: int, state: int, length: int) -> list[slice]:
 
 def _per_row(name: str, x: torch.Tensor | None) -> bool:
     """Whether an input (or its gradient) has a batch axis first (B and C only when not (D, N))."""
-    if x is None or name in ("A", "D", "delta_bias"):
+    if not isinstance(x, torch.Tensor) or name in ("A", "D", "delta_bias"):
         return False
     return x.dim() > 2 if name in ("B", "C") else True
 
 
-INPUTS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state")
-
-
-def _rows_of(tensors, rows: slice) -> list:
-    return [x[rows] if _per_row(n, x) else x for n, x in zip(INPUTS, tensors, strict=True)]
+def _rows_of(a: ScanArgs, rows: slice) -> ScanArgs:
+    return ScanArgs(*(x[rows] if _per_row(n, x) else x for n, x in a._asdict().items()))
 
 
 def num_checkpoints(batch: int, channels: int, state: int, length: int) -> int:
@@ -151,12 +148,12 @@ def _time_major(x: torch.Tensor) -> torch.Tensor:
 
 
 def _from_time_major(x: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-    """A gradient gathered time-major ((D, N), (L, B, N) or (L, B, G, N)) in X's layout."""
+    """A gradient gathered time-major ((D, N), (L, B, N) or (L, B, G, N)) in X's axis order."""
     if X.dim() == 3:
-        x = x.permute(1, 2, 0)
-    elif X.dim() == 4:
-        x = x.permute(1, 2, 3, 0)
-    return match_layout(x.to(X.dtype), X)
+        return x.permute(1, 2, 0)
+    if X.dim() == 4:
+        return x.permute(1, 2, 3, 0)
+    return x
 
 
 def _scan_chunk(
@@ -184,62 +181,59 @@ def _chunk_buffers(count: int, T: int, like: torch.Tensor, N: int, compute: torc
     return [like.new_empty(T, batch, channels, N, dtype=compute) for _ in range(count)]
 
 
-def _discretisation(delta, delta_bias, softplus, compute):
-    """(dt, pre): dt = softplus(pre) or pre, pre = delta + delta_bias, in `compute`."""
-    pre = delta.to(compute)
-    if delta_bias is not None:
-        pre = pre + delta_bias.to(compute)[:, None]
-    return (F.softplus(pre) if softplus else pre), pre
-
-
-def forward(
-    u: torch.Tensor,
-    delta: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor | None,
-    z: torch.Tensor | None,
-    delta_bias: torch.Tensor | None,
-    initial_state: torch.Tensor | None,
-    softplus: bool,
-    save_checkpoints: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def forward(a: ScanArgs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out (B, D, L) in u's dtype and layout, last_state (B, D, N), checkpoints (K, B, D, N));
     K = 0 when not `save_checkpoints` (no backward will run: inference)."""
-    batch, channels, length = u.shape
-    N = A.shape[1]
+    batch, channels, length = a.u.shape
+    N = a.A.shape[1]
     T = chunk_length(batch, channels, N, length)
-    inputs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
-    parts = [
-        _forward_rows(*_rows_of(inputs, rows), softplus, T, save_checkpoints)
-        for rows in _tiles(batch, channels, N, length)
-    ]
+    parts = [_forward_rows(_rows_of(a, rows), T) for rows in _tiles(batch, channels, N, length)]
     if len(parts) == 1:
         out, last_state, checkpoints = parts[0]
     else:
         out = torch.cat([p[0] for p in parts])
         last_state = torch.cat([p[1] for p in parts])
         checkpoints = torch.cat([p[2] for p in parts], dim=1)
-    return match_layout(out.to(u.dtype), u), last_state, checkpoints
+    return match_layout(out, a.u, a.u.dtype), last_state, checkpoints
 
 
-def _forward_rows(u, delta, A, B, C, D, z, delta_bias, initial_state, softplus, T, save):
+class _Chunked(NamedTuple):
+    """One tile of rows in the compute dtype, laid out for the chunk loops (time-major)."""
+
+    dt: torch.Tensor  # (B, D, L), softplus(pre) or pre
+    pre: torch.Tensor  # (B, D, L), delta + delta_bias
+    u: torch.Tensor  # (B, D, L)
+    dt_t: torch.Tensor  # (L, B, D)
+    u_t: torch.Tensor  # (L, B, D)
+    A: torch.Tensor  # (D, N)
+    B_t: torch.Tensor  # B in _time_major_bc's layout
+    C_t: torch.Tensor  # C in _time_major_bc's layout
+
+
+def _chunked(a: ScanArgs, compute: torch.dtype) -> _Chunked:
+    pre = a.delta.to(compute)
+    if a.delta_bias is not None:
+        pre = pre + a.delta_bias.to(compute)[:, None]
+    dt = F.softplus(pre) if a.softplus else pre
+    u = a.u.to(compute)
+    B_t, C_t = _time_major_bc(a.B.to(compute)), _time_major_bc(a.C.to(compute))
+    return _Chunked(dt, pre, u, _time_major(dt), _time_major(u), a.A.to(compute), B_t, C_t)
+
+
+def _forward_rows(args: ScanArgs, T: int):
     """`forward` for one tile of rows, in chunks of T positions; out in the compute dtype."""
-    compute = _compute_dtype(u)
+    compute = compute_dtype(args.u)
+    u, B, C, D, z, save = args.u, args.B, args.C, args.D, args.z, args.save_checkpoints
     batch, channels, length = u.shape
-    N = A.shape[1]
-    dt, _ = _discretisation(delta, delta_bias, softplus, compute)
-    u_c = u.to(compute)
-    dt_t, u_t = _time_major(dt), _time_major(u_c)
-    A_c = A.to(compute)
-    B_c, C_c = _time_major_bc(B.to(compute)), _time_major_bc(C.to(compute))
+    N = args.A.shape[1]
+    x = _chunked(args, compute)
+    dt_t, u_t, A_c, B_c, C_c, u_c = x.dt_t, x.u_t, x.A, x.B_t, x.C_t, x.u
 
     n_chunks = (length + T - 1) // T
     checkpoints = u.new_empty(n_chunks if save else 0, batch, channels, N, dtype=compute)
     state = u.new_zeros(batch, channels, N, dtype=compute)  # entering the current chunk
-    if initial_state is not None:
-        state.copy_(initial_state)
+    if args.initial_state is not None:
+        state.copy_(args.initial_state)
     y = u.new_empty(length, batch, channels, dtype=compute)
     a_buf, h_buf = _chunk_buffers(2, T, u, N, compute)
     for c in range(n_chunks):
@@ -266,49 +260,32 @@ def _from_time_major_bdl(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return out.copy_(x.permute(1, 2, 0))
 
 
-def backward(
-    dout: torch.Tensor,
-    dlast: torch.Tensor | None,
-    u: torch.Tensor,
-    delta: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor | None,
-    z: torch.Tensor | None,
-    delta_bias: torch.Tensor | None,
-    initial_state: torch.Tensor | None,
-    checkpoints: torch.Tensor,
-    softplus: bool,
-) -> list[torch.Tensor | None]:
-    """Gradients (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, dinitial_state), each in its
-    input's dtype and layout; None for absent inputs. Tiles of rows run one after another and
-    the gradients of shared inputs are summed in tile order (deterministic)."""
-    batch, channels, length = u.shape
-    N = A.shape[1]
+def backward(a: ScanArgs, grads: tuple, saved: tuple) -> list[torch.Tensor | None]:
+    """Gradients (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, dinitial_state); None for absent
+    inputs. Tiles of rows run one after another and the gradients of shared inputs are summed
+    in tile order (deterministic)."""
+    (dout, dlast), (checkpoints,) = grads, saved
+    batch, channels, length = a.u.shape
+    N = a.A.shape[1]
     T = chunk_length(batch, channels, N, length)
-    inputs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
     parts = []
     for rows in _tiles(batch, channels, N, length):
         dlast_rows = None if dlast is None else dlast[rows]
         parts.append(
-            _backward_rows(
-                dout[rows], dlast_rows, *_rows_of(inputs, rows), checkpoints[:, rows], softplus, T
-            )
+            _backward_rows(_rows_of(a, rows), dout[rows], dlast_rows, checkpoints[:, rows], T)
         )
-    grads = []
-    for i, (name, x) in enumerate(zip(INPUTS, inputs, strict=True)):
+    result = []
+    for i, name in enumerate(ScanArgs._fields[:9]):  # the tensors
+        x, tile_grads = getattr(a, name), [p[i] for p in parts]
+        time_major = name in ("B", "C")  # rows on axis 1 when per row
         if x is None:
-            grads.append(None)
-            continue
-        tile_grads = [p[i] for p in parts]
-        if name in ("B", "C"):  # time-major: rows on axis 1 when per row
-            g = torch.cat(tile_grads, dim=1) if _per_row(name, x) else _sum_in_order(tile_grads)
-            grads.append(_from_time_major(g, x))
-            continue
-        g = torch.cat(tile_grads) if _per_row(name, x) else _sum_in_order(tile_grads)
-        grads.append(match_layout(g.to(x.dtype), x))
-    return grads
+            g = None
+        elif _per_row(name, x):
+            g = torch.cat(tile_grads, dim=int(time_major))
+        else:
+            g = _sum_in_order(tile_grads)
+        result.append(_from_time_major(g, x) if time_major else g)
+    return result
 
 
 def _sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -318,19 +295,15 @@ def _sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
     return total
 
 
-def _backward_rows(
-    dout, dlast, u, delta, A, B, C, D, z, delta_bias, initial_state, checkpoints, softplus, T
-):
+def _backward_rows(args: ScanArgs, dout, dlast, checkpoints, T: int) -> list:
     """`backward` for one tile of rows, in chunks of T positions: the gradients in the compute
     dtype (those of B and C time-major), None for absent inputs."""
-    compute = _compute_dtype(u)
+    compute = compute_dtype(args.u)
+    u, B, C, D, z = args.u, args.B, args.C, args.D, args.z
     batch, channels, length = u.shape
-    N = A.shape[1]
-    dt, pre = _discretisation(delta, delta_bias, softplus, compute)
-    u_c = u.to(compute)
-    dt_t, u_t = _time_major(dt), _time_major(u_c)
-    A_c = A.to(compute)
-    B_c, C_c = _time_major_bc(B.to(compute)), _time_major_bc(C.to(compute))
+    N = args.A.shape[1]
+    x = _chunked(args, compute)
+    dt_t, u_t, A_c, B_c, C_c, u_c = x.dt_t, x.u_t, x.A, x.B_t, x.C_t, x.u
 
     # g: the gradient of y = <h, C>, through the gate when there is one.
     g = dout.to(compute)
@@ -384,15 +357,15 @@ def _backward_rows(
     if D is not None:
         du.addcmul_(D.to(compute)[:, None], g)
         dD = (g * u_c).sum((0, 2))
-    ddt = _from_time_major_bdl(ddt_t, delta)
-    if softplus:
-        ddt.mul_(torch.sigmoid(pre))
-    ddelta_bias = ddt.sum((0, 2)) if delta_bias is not None else None
+    ddt = _from_time_major_bdl(ddt_t, args.delta)
+    if args.softplus:
+        ddt.mul_(torch.sigmoid(x.pre))
+    ddelta_bias = ddt.sum((0, 2)) if args.delta_bias is not None else None
     dz = None
     if z is not None:
         gated = _from_time_major_bdl(y_t, z)
         if D is not None:
             gated.addcmul_(D.to(compute)[:, None], u_c)
         dz = dout.to(compute) * gated * sig_z * (1 + z_c * (1 - sig_z))
-    dinit = carry if initial_state is not None else None
+    dinit = carry if args.initial_state is not None else None
     return [du, ddt, dA, dB_t, dC_t, dD, dz, ddelta_bias, dinit]

@@ -167,8 +167,9 @@ def test_triton_chunked_wide_head_fp16(monkeypatch, device):
 
 
 class _NaNFilledEmpty:
-    """`torch` as `triton_kernels` sees it, except that torch.empty / empty_like /
-    empty_strided return floating-point tensors filled with NaN (integer ones untouched)."""
+    """`torch` as the Triton host code (kernels.delta_rule.launch) sees it, except that
+    torch.empty / empty_like / empty_strided return floating-point tensors filled with NaN
+    (integer ones untouched)."""
 
     def __getattr__(self, name):
         return getattr(torch, name)
@@ -192,9 +193,9 @@ def nan_fresh_buffers(monkeypatch):
     """Every buffer the Triton host code allocates starts as NaN: a kernel that reads memory
     nothing wrote (an unfilled tail, a V or K block never stored) then returns NaN, which the
     parity checks refuse. Under the interpreter torch.empty often holds zeros, which hide it."""
-    from kernels.delta_rule import triton_kernels
+    from kernels.delta_rule import launch
 
-    monkeypatch.setattr(triton_kernels, "torch", _NaNFilledEmpty())
+    monkeypatch.setattr(launch, "torch", _NaNFilledEmpty())
 
 
 @pytest.fixture
@@ -480,16 +481,16 @@ def test_dispatch_between_the_triton_kernels(monkeypatch, device):
     assert op.kernel_for("triton", op.RECURRENT_MAX_LEN) == "recurrent"
     assert op.kernel_for("triton", op.RECURRENT_MAX_LEN + 1) == "chunked"
     assert op.kernel_for("torch", 1) == "chunked"
-    from kernels.delta_rule import triton_kernels
+    from kernels.delta_rule import launch
 
     seen = []
-    real_forward = triton_kernels.forward
+    real_forward = launch.forward
 
-    def spy(*args):
-        seen.append(args[-1])
-        return real_forward(*args)
+    def spy(a):
+        seen.append(a.kernel)
+        return real_forward(a)
 
-    monkeypatch.setattr(triton_kernels, "forward", spy)
+    monkeypatch.setattr(launch, "forward", spy)
     monkeypatch.setattr(op, "RECURRENT_MAX_LEN", 3)
     for T in (3, 4):
         q, k, v, beta, _ = _inputs(1, T, 1, 16, 16, torch.float32, device)

@@ -371,10 +371,10 @@ class _NaNBuffers:
 def nan_buffers(monkeypatch) -> _NaNBuffers:
     """The Triton op's freshly allocated buffers (outputs, checkpoints, partial sums) start
     as NaN for the duration of the test."""
-    from kernels.selective_scan import triton_kernels
+    from kernels.selective_scan import launch
 
     poison = _NaNBuffers()
-    monkeypatch.setattr(triton_kernels, "torch", poison)
+    monkeypatch.setattr(launch, "torch", poison)
     return poison
 
 
@@ -399,9 +399,9 @@ NAN_BUFFER_CASES = [
 def test_triton_reads_only_what_was_written(monkeypatch, nan_buffers, device, case, tile):
     """Parity with fresh buffers filled with NaN: no read of memory that nothing wrote."""
     if tile is not None:
-        from kernels.selective_scan import triton_kernels
+        from kernels.selective_scan import launch
 
-        monkeypatch.setattr(triton_kernels, "TILE_ELEMENTS", tile)
+        monkeypatch.setattr(launch, "TILE_ELEMENTS", tile)
     check_against_reference(case, torch.float32, device, "triton")
     # out, last state, checkpoints; du, ddelta, dA, dB and dC partials at least.
     assert nan_buffers.poisoned >= 8

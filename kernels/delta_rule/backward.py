@@ -1,0 +1,146 @@
+"""Triton kernels of the delta rule's chunked backward (notation in common.py), two launches,
+recomputing nothing per step (only chunk-boundary states are kept): with dS' the gradient of a
+chunk's end state,
+
+    dU = K dS' + scale * tril(Q K^T)^T dO ;  dR = A^T dU           (dR: gradient of beta V - Kb S)
+    dS = dS' + scale * Q^T dO - Kb^T dR                            (the start state's gradient)
+
+  `chunk_state_bwd_kernel`  grid (V blocks, B*H): the reverse pass over chunks for dS, dR.
+  `chunk_grad_kernel`  grid (K blocks, chunks, B*H): dq, dk, dv, dbeta of a chunk, summing
+      over V inside the program; dbeta's sum over K is finished on the host from per-K-block
+      partials (a fixed-order sum: no atomics anywhere, so gradients are bitwise reproducible).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.delta_rule.common import chunk_rows, dot, dot_t, load_rows, load_state, state_tile
+
+
+@triton.jit
+def chunk_state_bwd_kernel(
+    q_ptr, k_ptr, beta_ptr, a_ptr, do_ptr, dfinal_ptr, dh_ptr, dr_ptr, dinit_ptr,
+    scale, T, H, K, V, NT,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_DFINAL: tl.constexpr, STORE_DINIT: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    bh = tl.program_id(1)
+    b, h = bh // H, bh % H
+    DT = k_ptr.dtype.element_ty
+    offs_c = tl.arange(0, C)
+    offs_k, offs_v, mask_k, mask_v, state_offs, mask_kv = state_tile(tl.program_id(0), K, V, BK, BV)
+    bh64 = bh.to(tl.int64)
+    dstate = load_state(dfinal_ptr, bh64, K, V, state_offs, mask_kv, HAS_DFINAL, BK, BV)
+    for i in range(NT):
+        c = NT - 1 - i
+        t, mask_t, row_base = chunk_rows(b, h, c, T, H, C)
+        mask_tv = mask_t[:, None] & mask_v[None, :]
+        tl.store(dh_ptr + (bh64 * NT + c) * K * V + state_offs, dstate, mask=mask_kv)
+        qc = load_rows(q_ptr, row_base, mask_t, offs_k, mask_k, K)
+        kc = load_rows(k_ptr, row_base, mask_t, offs_k, mask_k, K)
+        do = load_rows(do_ptr, row_base, mask_t, offs_v, mask_v, V)
+        beta = tl.load(beta_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
+        a = tl.load(a_ptr + ((bh64 * NT + c) * C + offs_c[:, None]) * C + offs_c[None, :])
+        kq = dot(kc, tl.trans(qc), IEEE, DT)  # kq[j, i] = k_j.q_i: (Q K^T)^T
+        kq = tl.where(offs_c[:, None] <= offs_c[None, :], kq, 0.0)
+        du = dot(kc, dstate, IEEE, DT) + scale * dot(kq, do, IEEE, DT)
+        dr = dot(tl.trans(a), du, IEEE, DT)
+        tl.store(dr_ptr + (bh64 * T + t)[:, None] * V + offs_v[None, :], dr, mask=mask_tv)
+        # Kb^T dR = K^T (diag(beta) dR): scale the narrower tile.
+        dstate += scale * dot_t(qc, do, IEEE, DT)
+        dstate -= dot_t(kc, beta[:, None] * dr, IEEE, DT)
+    if STORE_DINIT:
+        tl.store(dinit_ptr + bh64 * K * V + state_offs, dstate, mask=mask_kv)
+
+
+@triton.jit
+def _rows_at(do_ptr, u_ptr, dr_ptr, row_base, bh64, t, mask_t, v0, T, V, BV: tl.constexpr):
+    """The chunk's dO, U and dR rows at value columns [v0, v0 + BV): (offs_v, mask_v,
+    mask_tv, do, u, dr)."""
+    offs_v = v0 + tl.arange(0, BV)
+    mask_v = offs_v < V
+    mask_tv = mask_t[:, None] & mask_v[None, :]
+    tv_offs = (bh64 * T + t)[:, None] * V + offs_v[None, :]
+    do = load_rows(do_ptr, row_base, mask_t, offs_v, mask_v, V)
+    u = tl.load(u_ptr + tv_offs, mask=mask_tv, other=0.0)
+    dr = tl.load(dr_ptr + tv_offs, mask=mask_tv, other=0.0)
+    return offs_v, mask_v, mask_tv, do, u, dr
+
+
+@triton.jit
+def chunk_grad_kernel(
+    q_ptr, k_ptr, v_ptr, beta_ptr, h_ptr, dh_ptr, u_ptr, dr_ptr, do_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dbeta_part_ptr, scale, B, T, H, K, V, NT,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    pid_k = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    bh = tl.program_id(2)
+    b, h = bh // H, bh % H
+    DT = k_ptr.dtype.element_ty
+    offs_c = tl.arange(0, C)
+    offs_k = pid_k * BK + tl.arange(0, BK)
+    mask_k = offs_k < K
+    t, mask_t, row_base = chunk_rows(b, h, pid_c, T, H, C)
+    bh64 = bh.to(tl.int64)
+    state_base = (bh64 * NT + pid_c) * K * V
+    mask_tk = mask_t[:, None] & mask_k[None, :]
+    qc = load_rows(q_ptr, row_base, mask_t, offs_k, mask_k, K)
+    kc = load_rows(k_ptr, row_base, mask_t, offs_k, mask_k, K)
+    beta = tl.load(beta_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
+
+    # Pass 1 over V: the (C, C) products, dv, and beta's V-part (the last two do not depend on
+    # the K block: the first K block writes them).
+    do_u = tl.zeros((C, C), dtype=tl.float32)  # dO U^T
+    dr_u = tl.zeros((C, C), dtype=tl.float32)  # dR U^T
+    dbeta_v = tl.zeros((C,), dtype=tl.float32)  # from diag(beta) V
+    first_k = (offs_c * 0 + pid_k) == 0  # (C,): whether this is the first K block
+    for v0 in range(0, V, BV):
+        offs_v, mask_v, mask_tv, do, u, dr = _rows_at(
+            do_ptr, u_ptr, dr_ptr, row_base, bh64, t, mask_t, v0, T, V, BV
+        )
+        vc = load_rows(v_ptr, row_base, mask_t, offs_v, mask_v, V)
+        do_u += dot(do, tl.trans(u), IEEE, DT)
+        dr_u += dot(dr, tl.trans(u), IEEE, DT)
+        dbeta_v += tl.sum(dr * vc.to(tl.float32), axis=1)
+        tl.store(
+            dv_ptr + row_base[:, None] * V + offs_v[None, :],
+            (beta[:, None] * dr).to(dv_ptr.dtype.element_ty),
+            mask=mask_tv & first_k[:, None],
+        )
+    rows = offs_c[:, None]
+    cols = offs_c[None, :]
+    dqk = tl.where(rows >= cols, do_u * scale, 0.0)  # gradient of tril(Q K^T)
+    dl = tl.where(rows > cols, -dr_u, 0.0)  # gradient of tril(Kb K^T, -1)
+    kb = kc.to(tl.float32) * beta[:, None]
+    dq = dot(dqk, kc, IEEE, DT)
+    dk = dot(tl.trans(dqk), qc, IEEE, DT) + dot(tl.trans(dl), kb, IEEE, DT)
+    dkb = dot(dl, kc, IEEE, DT)  # gradient of Kb = diag(beta) K
+    # Pass 2 over V: the terms through the chunk's start state and its gradient.
+    for v0 in range(0, V, BV):
+        offs_v, mask_v, mask_tv, do, u, dr = _rows_at(
+            do_ptr, u_ptr, dr_ptr, row_base, bh64, t, mask_t, v0, T, V, BV
+        )
+        kv_offs = offs_k[:, None] * V + offs_v[None, :]
+        mask_kv = mask_k[:, None] & mask_v[None, :]
+        state = tl.load(h_ptr + state_base + kv_offs, mask=mask_kv, other=0.0)
+        dstate = tl.load(dh_ptr + state_base + kv_offs, mask=mask_kv, other=0.0)
+        dq += scale * dot(do, tl.trans(state), IEEE, DT)
+        dk += dot(u, tl.trans(dstate), IEEE, DT)
+        dkb -= dot(dr, tl.trans(state), IEEE, DT)
+    dk += beta[:, None] * dkb
+    dbeta = tl.sum(dkb * kc.to(tl.float32), axis=1) + tl.where(first_k, dbeta_v, 0.0)
+    tl.store(
+        dq_ptr + row_base[:, None] * K + offs_k[None, :],
+        dq.to(dq_ptr.dtype.element_ty),
+        mask=mask_tk,
+    )
+    tl.store(
+        dk_ptr + row_base[:, None] * K + offs_k[None, :],
+        dk.to(dk_ptr.dtype.element_ty),
+        mask=mask_tk,
+    )
+    part = pid_k.to(tl.int64) * B * T * H
+    tl.store(dbeta_part_ptr + part + row_base, dbeta, mask=mask_t)

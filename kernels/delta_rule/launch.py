@@ -1,0 +1,247 @@
+"""Host side of the delta rule's Triton kernels: block sizes, launches, saved buffers, the
+fixed-order reductions, and the launch configurations the Hopper compile check compiles.
+
+Every kernel reads only what earlier launches wrote (on one stream, so in order; the recurrent
+backward's two passes aside, see recurrent.py), and no two programs of a launch write the same
+element. Buffers are allocated with torch.empty (`_empty`) and each is fully written before it
+is read: the tests make them start as NaN to check it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from kernels._launch import Launch
+from kernels.delta_rule.backward import chunk_grad_kernel, chunk_state_bwd_kernel
+from kernels.delta_rule.common import CHUNK, SUB_BLOCK
+from kernels.delta_rule.forward import (
+    chunk_inverse_kernel,
+    chunk_output_kernel,
+    chunk_state_fwd_kernel,
+)
+from kernels.delta_rule.op import DeltaArgs
+from kernels.delta_rule.recurrent import recurrent_bwd_kernel, recurrent_fwd_kernel
+
+INVERSE_WARPS = 4
+# Programs below which the sequential kernels split V further (down to 16 columns).
+MIN_PROGRAMS = 128
+
+
+def _pow2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+def _split_for_parallelism(bv: int, V: int, programs: int) -> int:
+    # The sequential kernels have one program per (V block, batch row, head).
+    while bv > 16 and triton.cdiv(V, bv) * programs < MIN_PROGRAMS:
+        bv //= 2
+    return bv
+
+
+def _launch(kernel, flags: dict, warps: int, stages: int | None = None, **constants) -> Launch:
+    """A Launch of `kernel` with `constants` and those of the compile-time `flags` it takes."""
+    constants.update({k: v for k, v in flags.items() if k in kernel.arg_names})
+    return Launch(kernel, constants, warps, stages)
+
+
+def recurrent_launches(K: int, V: int, programs: int, **flags: bool) -> dict[str, Launch]:
+    """The fused recurrent kernels: a (BK, BV) float32 state tile of at most 4096 floats."""
+    BK = _pow2(K)
+    BV = _split_for_parallelism(min(_pow2(V), max(16, 4096 // BK)), V, programs)
+    warps = 8 if BK * BV >= 4096 else 4
+    return {
+        "forward": _launch(recurrent_fwd_kernel, flags, warps, BK=BK, BV=BV),
+        "backward": _launch(recurrent_bwd_kernel, flags, warps, BK=BK, BV=BV),
+    }
+
+
+def chunked_launches(
+    K: int, V: int, dtype: torch.dtype, programs: int, **flags: bool
+) -> dict[str, Launch]:
+    """The chunked kernels. The state kernels hold the whole K in one tile, so their V blocks
+    stay narrow (no register spills on sm_90 up to K = 128 in fp16/bf16); the output kernel is
+    parallel over chunks, so wider V blocks; the gradient kernel holds two (C, C) and three
+    (C, BK) float32 accumulators, so small tiles and single-stage loads."""
+    BK, ieee = _pow2(K), dtype == torch.float32
+    state_bv = _split_for_parallelism(
+        min(_pow2(V), 32 if BK <= 32 and not ieee else 16), V, programs
+    )
+    if ieee:
+        out_bv = min(_pow2(V), 32 if BK <= 64 else 16)
+    else:
+        out_bv = min(_pow2(V), 64 if BK <= 128 else 32)
+    state_warps = 4 if BK <= 32 else 8
+    common = dict(C=CHUNK, IEEE=ieee)
+    return {
+        "inverse": _launch(
+            chunk_inverse_kernel, flags, INVERSE_WARPS, SB=SUB_BLOCK, BK=min(BK, 64), **common
+        ),
+        "state_fwd": _launch(
+            chunk_state_fwd_kernel, flags, state_warps, BK=BK, BV=state_bv, **common
+        ),
+        "output": _launch(
+            chunk_output_kernel, flags, 8 if BK >= 64 else 4, BK=BK, BV=out_bv, **common
+        ),
+        "state_bwd": _launch(
+            chunk_state_bwd_kernel, flags, state_warps, BK=BK, BV=state_bv, **common
+        ),
+        "grad": _launch(chunk_grad_kernel, flags, 4, 1, BK=min(BK, 32), BV=16, **common),
+    }
+
+
+def _empty(like: torch.Tensor, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An unfilled buffer on `like`'s device (in its dtype by default). Every buffer the host
+    code allocates goes through torch.empty / torch.empty_like, so that a test can make them
+    start as NaN and catch a kernel that reads what nothing wrote."""
+    return torch.empty(shape, dtype=like.dtype if dtype is None else dtype, device=like.device)
+
+
+def empty_saved(
+    q: torch.Tensor, v: torch.Tensor, kernel: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward's saved buffers (u rows, chunk start states, chunk inverses), unfilled.
+
+    u (B, H, T, V) and, for the chunked kernels, h (B, H, NT, K, V) in float32, and A
+    (B, H, NT, C, C) in float32 for float32 inputs, else in the inputs' dtype (it only ever
+    enters tl.dot as a half-precision operand). The recurrent kernel saves u only; the other
+    two are then empty placeholders.
+    """
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    f32 = torch.float32
+    u = _empty(q, B, H, T, V, dtype=f32)
+    if kernel == "recurrent":
+        return u, _empty(q, 0, dtype=f32), _empty(q, 0, dtype=f32)
+    NT = triton.cdiv(T, CHUNK)
+    a_dtype = f32 if q.dtype == f32 else q.dtype
+    return u, _empty(q, B, H, NT, K, V, dtype=f32), _empty(q, B, H, NT, CHUNK, CHUNK, dtype=a_dtype)
+
+
+def forward(a: DeltaArgs) -> tuple[torch.Tensor, ...]:
+    """o (B, T, H, V) in q's dtype, the final state (B, H, K, V) float32 or None, and the
+    buffers the backward needs (see `empty_saved`)."""
+    q, k, v, beta = (t.contiguous() for t in (a.q, a.k, a.v, a.beta))
+    init = None if a.initial_state is None else a.initial_state.contiguous()
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    o = _empty(q, B, T, H, V)
+    final = _empty(q, B, H, K, V, dtype=torch.float32) if a.output_final_state else None
+    saved = empty_saved(q, v, a.kernel)
+    if B == 0:
+        return o, final, *saved
+    u, h, A = saved
+    # Absent optional tensors: any valid pointer, never read (the flags are compile-time).
+    init_arg = init if init is not None else o
+    final_arg = final if final is not None else o
+    flags = dict(HAS_INIT=init is not None, STORE_FINAL=final is not None)
+    if a.kernel == "recurrent":
+        launch = recurrent_launches(K, V, B * H, **flags)["forward"]
+        launch((triton.cdiv(V, launch.constants["BV"]), B * H),
+               q, k, v, beta, init_arg, o, u, final_arg, a.scale, T, H, K, V)  # fmt: skip
+        return o, final, *saved
+    NT = triton.cdiv(T, CHUNK)
+    launches = chunked_launches(K, V, q.dtype, B * H, **flags)
+    launches["inverse"]((NT, B * H), k, beta, A, T, H, K, NT)
+    launch = launches["state_fwd"]
+    launch((triton.cdiv(V, launch.constants["BV"]), B * H),
+           k, v, beta, A, init_arg, h, u, final_arg, T, H, K, V, NT)  # fmt: skip
+    launch = launches["output"]
+    launch((triton.cdiv(V, launch.constants["BV"]), NT, B * H),
+           q, k, h, u, o, a.scale, T, H, K, V, NT)  # fmt: skip
+    return o, final, *saved
+
+
+def backward(a: DeltaArgs, grads: tuple, saved: tuple) -> list[torch.Tensor | None]:
+    """Gradients (dq, dk, dv, dbeta, dinitial_state), None for an absent initial_state."""
+    q, k, v, beta, do = (t.contiguous() for t in (a.q, a.k, a.v, a.beta, grads[0]))
+    init = None if a.initial_state is None else a.initial_state.contiguous()
+    dfinal = grads[1].contiguous() if a.output_final_state else None
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    u, h, A = saved
+    f32 = torch.float32
+    dv = torch.empty_like(v)
+    dinit = None if init is None else _empty(q, B, H, K, V, dtype=f32)
+    if B == 0:
+        return [torch.zeros_like(q), torch.zeros_like(k), dv, torch.zeros_like(beta), dinit]
+    dinit_arg = dinit if dinit is not None else dv
+    dfinal_arg = dfinal if dfinal is not None else dv
+    flags = dict(HAS_INIT=init is not None, HAS_DFINAL=dfinal is not None,
+                 STORE_DINIT=dinit is not None)  # fmt: skip
+    if a.kernel == "recurrent":
+        launch = recurrent_launches(K, V, B * H, **flags)["backward"]
+        NV = triton.cdiv(V, launch.constants["BV"])
+        dq_part = _empty(q, NV, B, T, H, K, dtype=f32)
+        dk_part = _empty(q, NV, B, T, H, K, dtype=f32)
+        dbeta_part = _empty(q, NV, B, T, H, dtype=f32)
+        du = _empty(q, B, H, T, V, dtype=f32)
+        launch((NV, B * H), q, k, v, beta, init if init is not None else dv, u, do, dfinal_arg,
+               du, dq_part, dk_part, dv, dbeta_part, dinit_arg, a.scale, B, T, H, K, V)  # fmt: skip
+        # Fixed-order sums over the V blocks: deterministic.
+        return [dq_part.sum(0), dk_part.sum(0), dv, dbeta_part.sum(0), dinit]
+    NT = triton.cdiv(T, CHUNK)
+    dh = torch.empty_like(h)
+    dr = torch.empty_like(u)
+    launches = chunked_launches(K, V, q.dtype, B * H, **flags)
+    launch = launches["state_bwd"]
+    launch((triton.cdiv(V, launch.constants["BV"]), B * H),
+           q, k, beta, A, do, dfinal_arg, dh, dr, dinit_arg, a.scale, T, H, K, V, NT)  # fmt: skip
+    launch = launches["grad"]
+    NK = triton.cdiv(K, launch.constants["BK"])
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dbeta_part = _empty(q, NK, B, T, H, dtype=f32)
+    launch((NK, NT, B * H), q, k, v, beta, h, dh, u, dr, do, dq, dk, dv, dbeta_part, a.scale,
+           B, T, H, K, V, NT)  # fmt: skip
+    return [dq, dk, dv, dbeta_part.sum(0), dinit]  # a fixed-order sum over the K blocks
+
+
+# Pointers to float32 buffers whatever the input dtype (states, u rows, partial sums).
+FLOAT32_POINTERS = frozenset(
+    {
+        "init_ptr",
+        "final_ptr",
+        "h_ptr",
+        "u_ptr",
+        "dfinal_ptr",
+        "dinit_ptr",
+        "dh_ptr",
+        "dr_ptr",
+        "du_ptr",
+        "dq_part_ptr",
+        "dk_part_ptr",
+        "dbeta_part_ptr",
+    }
+)
+
+
+def hopper_specialisations() -> list:
+    """The launch configurations to compile-check for sm_90 (see kernels.compile_check): every
+    kernel as the host code launches it, at the benchmark's head size in bf16, a padded head
+    (K=100, V=36) in fp16 and the largest head in fp32 (the most shared memory). None may use
+    wgmma (see common.CHUNK)."""
+    from kernels.compile_check import Specialisation
+
+    flags = dict(HAS_INIT=True, STORE_FINAL=True, HAS_DFINAL=True, STORE_DINIT=True)
+    specs = []
+    for K, V, dtype in (
+        (128, 128, torch.bfloat16),
+        (100, 36, torch.float16),
+        (256, 256, torch.float32),
+    ):
+        launches = {
+            **chunked_launches(K, V, dtype, 64, **flags),
+            **{f"recurrent_{n}": x for n, x in recurrent_launches(K, V, 64, **flags).items()},
+        }
+        for launch in launches.values():
+            specs.append(
+                Specialisation(
+                    launch,
+                    dtype,
+                    float32_pointers=FLOAT32_POINTERS,
+                    float_scalars=frozenset({"scale"}),
+                    allow_wgmma=False,
+                )
+            )
+    return specs
