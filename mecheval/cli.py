@@ -2,7 +2,7 @@
 everything here can be done from Python too.
 
     mecheval train [--config FILE] [--out DIR] [key=value ...]
-    mecheval sweep FILE [--out DIR] [--backend local|ray] [--workers N] [--retries N]
+    mecheval sweep FILE [--out DIR] [--executor local|ray] [--workers N] [--retries N]
                         [--address ADDR] [--dry-run] [--only key=value ...] [key=value ...]
     mecheval data stats [--task ar|atr] [--n N] [--grammar-seeds K] [key=value ...]
     mecheval evaluate RUN_DIR|SWEEP_DIR [--device cpu] [--split dev]
@@ -34,6 +34,15 @@ def _count(minimum: int):
     return parse
 
 
+class _Deprecated(argparse.Action):
+    """An old name of an option: stores into the new one, with a warning naming it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        new = "--" + self.dest.replace("_", "-")
+        print(f"mecheval: {option_string} is deprecated, use {new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from mecheval.sweep import run_name
     from mecheval.train import load_train_config, train
@@ -47,8 +56,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from mecheval.sweep import estimate_sweep, load_sweep, run_sweep, select_runs
+    from mecheval.sweep import EXECUTORS, estimate_sweep, load_sweep, run_sweep, select_runs
 
+    if args.executor not in EXECUTORS:
+        raise ConfigError(f"--executor must be one of {EXECUTORS}, got {args.executor!r}")
     runs = load_sweep(args.file, args.overrides)
     if args.only:
         runs = select_runs(runs, args.only)
@@ -67,7 +78,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     table = run_sweep(
         runs,
         out,
-        backend=args.backend,
+        executor=args.executor,
         workers=args.workers,
         retries=args.retries,
         address=args.address,
@@ -139,7 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="train a grid of models")
     p.add_argument("file", help="YAML sweep file (base + grid)")
     p.add_argument("--out", help="sweep folder (default: runs/<file stem>)")
-    p.add_argument("--backend", choices=["local", "ray"], default="local")
+    p.add_argument(
+        "--executor",
+        default="local",
+        help="where the runs execute: local (worker processes, the default) or ray",
+    )
+    p.add_argument(  # the flag's name before --executor
+        "--backend", dest="executor", action=_Deprecated, help=argparse.SUPPRESS
+    )
     p.add_argument("--workers", type=_count(1), default=1)
     p.add_argument(
         "--retries", type=_count(0), default=0, help="rerun failed runs this many more times"

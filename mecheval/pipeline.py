@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from mecheval.config import load_config
+from mecheval.sweep.executor import Executor
 
 QUICKSTART_SWEEP = {
     "base": {
@@ -68,11 +69,11 @@ class EvaluateSection:
 
 @dataclass
 class RunConfig:
-    """The main job: a sweep spec (base + grid, as in a sweep file), how to run it, and how to
-    evaluate the trained models."""
+    """The main job: a sweep spec (base + grid, as in a sweep file), how to run it (its executor,
+    workers, retries and Ray address), and how to evaluate the trained models."""
 
     sweep: dict = field(default_factory=lambda: QUICKSTART_SWEEP)
-    backend: str = "local"
+    executor: Executor = "local"
     workers: int = 2
     retries: int = 0
     address: str | None = None
@@ -98,7 +99,7 @@ def run_pipeline(config: RunConfig, out: str | Path, progress: bool = True) -> d
     table = run_sweep(
         runs,
         out,
-        backend=config.backend,
+        executor=config.executor,
         workers=config.workers,
         retries=config.retries,
         address=config.address,

@@ -1,4 +1,4 @@
-"""Run a sweep: every run of a grid, on local worker processes or as Ray tasks.
+"""Run a sweep: every run of a grid, on local worker processes or as Ray tasks (its executor).
 
 The results table `results.parquet` (one row per run: config fields, accuracies, steps, wall
 time, checkpoint path, status, error) is rebuilt from the run folders and written atomically
@@ -21,13 +21,13 @@ import pandas as pd
 
 from mecheval.config import ConfigError, from_dict, to_dict
 from mecheval.io import DamagedFileError, atomic_write_json, atomic_write_parquet
+from mecheval.sweep.executor import EXECUTORS, Executor
 from mecheval.sweep.grid import Run
 from mecheval.train.config import TrainConfig, identity
 from mecheval.train.loop import RESULT, read_result, train
 
 RESULTS = "results.parquet"
 ERROR = "error.json"
-BACKENDS = ("local", "ray")
 
 
 def run_one(config_dict: dict, run_dir: str, threads: int | None = None) -> dict[str, Any]:
@@ -156,15 +156,16 @@ def _run_ray(
 def run_sweep(
     runs: list[Run],
     out: str | Path,
-    backend: str = "local",
+    executor: Executor = "local",
     workers: int = 1,
     retries: int = 0,
     address: str | None = None,
     progress: bool = True,
 ) -> pd.DataFrame:
-    """Run every unfinished run of `runs` under `out`; returns the results table."""
-    if backend not in BACKENDS:
-        raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    """Run every unfinished run of `runs` under `out` on `executor`; returns the results
+    table."""
+    if executor not in EXECUTORS:
+        raise ConfigError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
@@ -191,7 +192,7 @@ def run_sweep(
             bar.update(1)
             bar.set_postfix(last=f"{run.name}: {outcome['status']}")
 
-        if backend == "local":
+        if executor == "local":
             _run_local(pending, out, workers, on_done)
         else:
             _run_ray(pending, out, workers, on_done, address)

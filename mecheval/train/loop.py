@@ -24,6 +24,7 @@ import contextlib
 import json
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +103,9 @@ def _autocast(config: TrainConfig, device: torch.device):
 def accuracy(
     model: torch.nn.Module, data: Batch, config: TrainConfig, device: torch.device
 ) -> float:
-    """Fraction of documents whose answer is the argmax at the query position."""
+    """Fraction of documents whose answer is the argmax at the query position (in eval mode;
+    the model's mode is restored after)."""
+    was_training = model.training
     model.eval()
     correct = 0
     for start in range(0, len(data), 256):
@@ -111,8 +114,30 @@ def accuracy(
         with _autocast(config, device):
             logits = answer_logits(model, part.tokens[:, :width], part.positions["query"])
         correct += int((logits.argmax(-1) == part.answers).sum())
-    model.train()
+    model.train(was_training)
     return correct / len(data)
+
+
+def train_step(
+    model_fn: Callable,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    config: TrainConfig,
+    device: torch.device,
+    check: Callable[[torch.Tensor], None] | None = None,
+) -> torch.Tensor:
+    """One training step: the loss on the answer, its backward and the optimizer's update;
+    `check(loss)` runs before the update (it may raise to stop the run there). Returns the loss.
+    """
+    with _autocast(config, device):
+        logits = answer_logits(model_fn, batch.tokens, batch.positions["query"])
+    loss = F.cross_entropy(logits.float(), batch.answers)
+    if check is not None:
+        check(loss)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss
 
 
 def _read_metrics(path: Path, up_to_step: int) -> list[dict]:
@@ -285,8 +310,13 @@ def _train(config: TrainConfig, run_dir: Path, task) -> dict[str, Any]:
         remove_temporaries(folder)
     atomic_write_text(saved, yaml.safe_dump(to_dict(config), sort_keys=False))
 
+    with kernels.use_backend(config.backend):  # the process default is restored after
+        return _run(config, run_dir, task)
+
+
+def _run(config: TrainConfig, run_dir: Path, task) -> dict[str, Any]:
+    checkpoints = run_dir / "checkpoints"
     device = resolve_device(config.device)
-    kernels.set_backend(config.backend)
     torch.manual_seed(config.seed)
     train_data = task.dataset("train", size=config.task.train_size).to(device)
     eval_sets = {
@@ -333,12 +363,11 @@ def _train(config: TrainConfig, run_dir: Path, task) -> dict[str, Any]:
             first = (step * config.batch_size) % num_docs
             index = torch.arange(first, first + config.batch_size, device=device) % num_docs
             batch = train_data[index].trim()
-            with _autocast(config, device):
-                logits = answer_logits(step_fn, batch.tokens, batch.positions["query"])
-            loss = F.cross_entropy(logits.float(), batch.answers)
-            if bool(torch.isfinite(loss)):
-                nonfinite = []
-            else:
+
+            def check(loss: torch.Tensor, step: int = step) -> None:
+                if bool(torch.isfinite(loss)):
+                    nonfinite.clear()
+                    return
                 nonfinite.append(step + 1)
                 if len(nonfinite) >= config.max_nonfinite_steps:
                     raise TrainingDiverged(
@@ -347,9 +376,8 @@ def _train(config: TrainConfig, run_dir: Path, task) -> dict[str, Any]:
                         f"max_nonfinite_steps={config.max_nonfinite_steps}). "
                         f"{_kept(latest_checkpoint(checkpoints))} Try a lower optim.lr."
                     )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+
+            loss = train_step(step_fn, optimizer, batch, config, device, check)
             window_loss.append(loss.detach())
             done = step + 1
             is_log = config.log_every and done % config.log_every == 0
@@ -427,27 +455,19 @@ def measure_step_time(config: TrainConfig, steps: int = 5, warmup: int = 2) -> f
     """Seconds per training step (forward, backward, AdamW) of `config`'s model on its device,
     timed on a few freshly sampled batches; used to estimate a sweep's wall time."""
     device = resolve_device(config.device)
-    kernels.set_backend(config.backend)
     task = build_task(config)
-    model = build_model_for(config, task).to(device)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.optim.lr, fused=device.type == "cuda"
-    )
-    step_fn = torch.compile(model) if config.compile else model
-    data = task.sample(config.batch_size * (steps + warmup), seed=0).to(device)
-    started = 0.0
-    for i in range(steps + warmup):
-        if i == warmup:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-        batch = data[i * config.batch_size : (i + 1) * config.batch_size].trim()
-        with _autocast(config, device):
-            logits = answer_logits(step_fn, batch.tokens, batch.positions["query"])
-        loss = F.cross_entropy(logits.float(), batch.answers)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    with kernels.use_backend(config.backend):
+        model, optimizer = _fresh(config, task, device)
+        step_fn = torch.compile(model) if config.compile else model
+        data = task.sample(config.batch_size * (steps + warmup), seed=0).to(device)
+        started = 0.0
+        for i in range(steps + warmup):
+            if i == warmup:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                started = time.perf_counter()
+            batch = data[i * config.batch_size : (i + 1) * config.batch_size].trim()
+            train_step(step_fn, optimizer, batch, config, device)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
     return (time.perf_counter() - started) / steps

@@ -162,7 +162,7 @@ def test_workers_and_ray_give_the_same_table_as_local(tmp_path):
     runs = expand_sweep(_spec({"arch": ["attention", "mamba"], "seed": [1, 2]}))
     local = run_sweep(runs, tmp_path / "local", progress=False)
     pooled = run_sweep(runs, tmp_path / "pooled", workers=2, progress=False)
-    remote = run_sweep(runs, tmp_path / "ray", backend="ray", workers=2, progress=False)
+    remote = run_sweep(runs, tmp_path / "ray", executor="ray", workers=2, progress=False)
     assert (local["status"] == "finished").all()
     for other in (pooled, remote):
         pd.testing.assert_frame_equal(local.drop(columns=VOLATILE), other.drop(columns=VOLATILE))
@@ -177,3 +177,18 @@ def test_dry_run_prints_grid_size_and_estimate(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "2 runs; estimated wall time" in done.stdout and "2 worker(s)" in done.stdout
     assert not (tmp_path / "runs").exists()
+
+
+def test_cli_executor_flag_and_its_deprecated_name(capsys):
+    from mecheval.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["sweep", "grid.yaml"]).executor == "local"
+    assert parse(["sweep", "grid.yaml", "--executor", "ray"]).executor == "ray"
+    assert parse(["sweep", "grid.yaml", "--backend", "ray"]).executor == "ray"
+    assert "--backend is deprecated, use --executor" in capsys.readouterr().err
+
+
+def test_an_unknown_executor_is_refused_by_name(tmp_path):
+    with pytest.raises(ConfigError, match="executor must be one of"):
+        run_sweep([], tmp_path, executor="dask", progress=False)

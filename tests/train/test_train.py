@@ -137,3 +137,45 @@ def test_cli_train_writes_the_run_folder(tmp_path):
         [*cmd[:-1], "optim.lrr=3"], env=env, capture_output=True, text=True, timeout=300
     )
     assert bad.returncode == 2 and "optim.lrr" in bad.stderr
+
+
+def test_training_restores_the_kernel_backend(tmp_path):
+    """A run sets the kernel backend of its config for its own duration only."""
+    import kernels
+
+    with kernels.use_backend("auto"):
+        train(load_train_config(None, [*TINY, "steps=2"]), tmp_path)
+        assert kernels.get_backend() == "auto"
+
+
+def test_accuracy_keeps_the_models_mode():
+    from mecheval.tasks import make_task
+    from mecheval.train.loop import accuracy
+
+    config = load_train_config(None, TINY)
+    task = make_task("ar", num_pairs=4, num_keys=16)
+    model = build_model("attention", task.vocab_size, d_model=16, max_len=task.max_document_length)
+    data = task.sample(8, seed=0)
+    for mode in (False, True):
+        model.train(mode)
+        accuracy(model, data, config, torch.device("cpu"))
+        assert model.training is mode
+
+
+def test_step_time_is_measured_with_the_runs_optimizer(monkeypatch):
+    """measure_step_time times the training step itself, with the run's AdamW settings."""
+    from mecheval.train import loop
+
+    seen = []
+    real = loop.train_step
+
+    def spy(model_fn, optimizer, *args, **kwargs):
+        seen.append(optimizer.param_groups[0])
+        return real(model_fn, optimizer, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "train_step", spy)
+    config = load_train_config(None, [*TINY, "optim.weight_decay=0.5", "optim.eps=1e-6"])
+    assert loop.measure_step_time(config, steps=1, warmup=0) > 0
+    group = seen[0]
+    assert group["weight_decay"] == 0.5 and group["eps"] == 1e-6
+    assert tuple(group["betas"]) == tuple(config.optim.betas)
