@@ -5,7 +5,8 @@ everything here can be done from Python too.
     mecheval sweep FILE [--out DIR] [--executor local|ray] [--workers N] [--retries N]
                         [--address ADDR] [--dry-run] [--only key=value ...] [key=value ...]
     mecheval data stats [--task ar|atr] [--n N] [--grammar-seeds K] [key=value ...]
-    mecheval evaluate RUN_DIR|SWEEP_DIR [--device cpu] [--split dev]
+    mecheval evaluate RUN_DIR|SWEEP_DIR [--device cpu] [--split dev] [--positions ...]
+                      [--corruptions ...] [--seed N] [--memory-budget BYTES] [--force]
     mecheval report DIR [--out DIR]
     mecheval run [CONFIG] [--out DIR] [key=value ...]
 """
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 
 from mecheval.config import ConfigError
+from mecheval.evaluate_config import EvaluateConfig
 
 
 def _count(minimum: int):
@@ -67,7 +69,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             raise ConfigError(f"--only {' '.join(args.only)} matches no run of {args.file}")
     out = Path(args.out) if args.out else Path("runs") / Path(args.file).stem
     if args.dry_run:
-        estimate = estimate_sweep(runs, workers=args.workers)
+        print(
+            f"{len(runs)} runs in {args.file}; measuring a few steps of each distinct model",
+            flush=True,
+        )
+        estimate = estimate_sweep(runs, workers=args.workers, progress=True)
         for row in estimate["per_run"]:
             ms, minutes = row["step_s"] * 1e3, row["estimate_s"] / 60
             print(f"{row['run']:60s} {row['steps']:8d} steps x {ms:8.2f} ms = {minutes:8.1f} min")
@@ -107,7 +113,16 @@ def _cmd_data_stats(args: argparse.Namespace) -> int:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from mecheval.evaluate import evaluate_all
 
-    table = evaluate_all(args.path, split=args.split, device=args.device, force=args.force)
+    table = evaluate_all(
+        args.path,
+        split=args.split,
+        device=args.device,
+        corruptions=args.corruptions,
+        positions=args.positions,
+        seed=args.seed,
+        memory_budget=args.memory_budget,
+        force=args.force,
+    )
     print(f"evaluated {table['run'].nunique()} run(s): {len(table)} cells x examples")
     return 0
 
@@ -193,8 +208,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="run the intervention grids of trained runs")
     p.add_argument("path", help="a run folder or a sweep folder")
-    p.add_argument("--split", default="dev")
-    p.add_argument("--device", default="cpu")
+    defaults = EvaluateConfig()
+    p.add_argument("--split", default=defaults.split, help="dev or test")
+    p.add_argument("--device", default=defaults.device)
+    p.add_argument("--corruptions", nargs="+", default=defaults.corruptions, help="e.g. key value")
+    p.add_argument(
+        "--positions", nargs="+", default=defaults.positions, help="e.g. key query value+1"
+    )
+    p.add_argument("--seed", type=int, default=defaults.seed, help="the corruption's seed")
+    p.add_argument(
+        "--memory-budget", type=_count(1), default=defaults.memory_budget, help="bytes per chunk"
+    )
     p.add_argument("--force", action="store_true", help="re-evaluate runs already evaluated")
     p.set_defaults(func=_cmd_evaluate)
 

@@ -30,14 +30,13 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from mecheval.evaluate_config import CORRUPTIONS, DEFAULTS, POSITIONS
 from mecheval.interventions import interchange_grid
 from mecheval.io import atomic_write_json, atomic_write_parquet
 from mecheval.train.loop import RESULT, load_trained_model
 
 INTERVENTIONS = "interventions.parquet"
 EXAMPLES = "examples.parquet"
-CORRUPTIONS = ("key", "value")
-POSITIONS = ("key", "value", "divider", "query", "value+1", "value+2")
 
 
 def _positions_for(batch, wanted: Sequence[str]) -> list[str]:
@@ -58,10 +57,10 @@ def evaluate_run(
     run_dir: str | Path,
     corruptions: Sequence[str] = CORRUPTIONS,
     positions: Sequence[str] = POSITIONS,
-    split: str = "dev",
-    device: str = "cpu",
-    seed: int = 0,
-    memory_budget: int = 1 << 30,
+    split: str = DEFAULTS.split,
+    device: str = DEFAULTS.device,
+    seed: int = DEFAULTS.seed,
+    memory_budget: int = DEFAULTS.memory_budget,
     force: bool = False,
     corruption_options: Mapping[str, object] | None = None,
 ) -> pd.DataFrame:

@@ -14,12 +14,13 @@ A config file (see configs/) replaces the sweep, e.g. with the study's full grid
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from mecheval.config import load_config
+from mecheval.evaluate_config import EvaluateConfig
 from mecheval.sweep.executor import Executor
 
 QUICKSTART_SWEEP = {
@@ -57,17 +58,6 @@ QUICKSTART_SWEEP = {
 
 
 @dataclass
-class EvaluateSection:
-    split: str = "dev"
-    corruptions: list[str] = field(default_factory=lambda: ["key", "value"])
-    positions: list[str] = field(
-        default_factory=lambda: ["key", "value", "divider", "query", "value+1", "value+2"]
-    )
-    device: str = "cpu"
-    memory_budget: int = 1 << 30
-
-
-@dataclass
 class RunConfig:
     """The main job: a sweep spec (base + grid, as in a sweep file), how to run it (its executor,
     workers, retries and Ray address), and how to evaluate the trained models."""
@@ -77,7 +67,7 @@ class RunConfig:
     workers: int = 2
     retries: int = 0
     address: str | None = None
-    evaluate: EvaluateSection = field(default_factory=EvaluateSection)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
 
 
 def load_run_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
@@ -106,16 +96,7 @@ def run_pipeline(config: RunConfig, out: str | Path, progress: bool = True) -> d
         progress=progress,
     )
     if (table["status"] == "finished").any():
-        e = config.evaluate
-        evaluate_all(
-            out,
-            progress=progress,
-            corruptions=e.corruptions,
-            positions=e.positions,
-            split=e.split,
-            device=e.device,
-            memory_budget=e.memory_budget,
-        )
+        evaluate_all(out, progress=progress, **asdict(config.evaluate))
     report = build_report(out)
     evidence = pd.read_parquet(report / "evidence.parquet")
     findings = pd.read_parquet(report / "findings.parquet")

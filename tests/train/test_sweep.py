@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from mecheval.config import ConfigError
-from mecheval.sweep import RESULTS, expand_sweep, run_sweep, select_runs
+from mecheval.sweep import RESULTS, estimate_sweep, expand_sweep, run_sweep, select_runs
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = {
@@ -175,8 +175,21 @@ def test_dry_run_prints_grid_size_and_estimate(tmp_path):
     cmd = [sys.executable, "-m", "mecheval.cli", "sweep", str(path), "--dry-run", "--workers", "2"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"2 runs in {path}")  # the size first, before measuring
     assert "2 runs; estimated wall time" in done.stdout and "2 worker(s)" in done.stdout
+    assert "measuring step times" in done.stderr  # the progress bar
     assert not (tmp_path / "runs").exists()
+
+
+def test_estimate_measures_each_distinct_model_once(monkeypatch):
+    from mecheval.train import loop
+
+    calls = []
+    monkeypatch.setattr(loop, "measure_step_time", lambda c: calls.append(c) or 0.01)
+    runs = expand_sweep(_spec({"arch": ["attention", "mamba"], "seed": [1, 2], "lr": [1e-3, 3e-3]}))
+    estimate = estimate_sweep(runs, workers=4)
+    assert len(calls) == 2 and estimate["models_measured"] == 2 and estimate["runs"] == 8
+    assert estimate["estimated_wall_s"] == sum(r["estimate_s"] for r in estimate["per_run"]) / 4
 
 
 def test_cli_executor_flag_and_its_deprecated_name(capsys):
