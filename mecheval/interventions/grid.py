@@ -16,7 +16,7 @@ How it is fast, and still exact:
   site after the last layer's mixer, which acts on each position alone, anywhere but at the
   query) is not run: its result is the corrupted run's, exactly;
 - a patch of a block's output restarts at the next block, which reads exactly that tensor;
-- when every mixer from the restart layer on is resumable (attention, Mamba, DeltaNet: see
+- when every mixer from the restart layer on is resumable (every mixer of the zoo: see
   mecheval.layers.resume), a cell also restarts near its position: cells are bucketed by
   position, and a bucket starting at s runs only positions s.. from the base run's mixer
   contexts at s (computed once, by running the base in segments), since the patched run equals
@@ -165,7 +165,7 @@ def _resume_points(model, positions: torch.Tensor, needed: int, n: int, budget: 
     stride = max(1, -(-needed // MAX_RESUME_POINTS))
     points = sorted({int(p) // stride * stride for p in positions.unique().tolist()})
     points = [p for p in points if 0 <= p < needed]
-    context_bytes = sum(4 * n * model.state_size(p) for p in points)
+    context_bytes = sum(4 * n * model.context_size(p) for p in points)
     return points if context_bytes <= budget // 2 else []
 
 

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from mecheval.layers.long_conv import ImplicitLongConvolution
+from mecheval.layers.resume import Resume
 from mecheval.layers.short_conv import ShortConvolution
 from mecheval.layers.sites import Site
 
@@ -46,6 +47,11 @@ class BaseConv(nn.Module):
         self._site_names = (f"{prefix}_input", f"{prefix}_output")
         for name in self._site_names:
             self.add_module(name, Site(name))
+        self.resume: Resume | None = None
+
+    # See mecheval.layers.resume; context: the short conv's last W - 1 inputs (B, d, W - 1), or
+    # every past input of the long conv (B, P, d).
+    resumable = True
 
     @property
     def is_long(self) -> bool:
@@ -54,8 +60,15 @@ class BaseConv(nn.Module):
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         """u: (B, L, d_model) -> (B, L, d_model)."""
         site_in, site_out = (getattr(self, name) for name in self._site_names)
+        resume = self.resume
+        before = None if resume is None or resume.state is None else resume.state[0]
         c = site_in(u)
-        c = self.conv(c) if self.is_long else self.conv(c)[0]
+        if self.is_long:
+            c, context = self.conv(c, before)
+        else:
+            c, context = self.conv(c, cache=before, output_final_state=resume is not None)
+        if resume is not None:
+            resume.state = (context,)
         c = site_out(c)
         return c * self.projection(u) + u
 

@@ -17,6 +17,8 @@ import math
 import torch
 from torch import nn
 
+from mecheval.layers.resume import Resume
+
 
 class BasedLinearAttention(nn.Module):
     """Based linear attention, zoology's `Based` (parameter names proj_q/proj_k/proj_v/proj_o).
@@ -45,6 +47,11 @@ class BasedLinearAttention(nn.Module):
         self.proj_k = nn.Linear(d_model, feature_dim * num_heads, bias=False)
         self.proj_v = nn.Linear(d_model, d_model, bias=False)
         self.proj_o = nn.Linear(d_model, d_model, bias=False)
+        self.resume: Resume | None = None
+
+    # See mecheval.layers.resume; context: the keys and values so far, (B, H, P, F) and
+    # (B, H, P, head_dim): resumed queries run the same quadratic form over them.
+    resumable = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, L, d_model) -> (B, L, d_model)."""
@@ -53,12 +60,23 @@ class BasedLinearAttention(nn.Module):
         q = self.proj_q(x).view(B, L, H, F).transpose(1, 2)
         k = self.proj_k(x).view(B, L, H, F).transpose(1, 2)
         v = self.proj_v(x).view(B, L, H, self.head_dim).transpose(1, 2)
-        s = q @ k.transpose(-1, -2) / math.sqrt(F)  # (B, H, L, L)
+        resume = self.resume
+        if resume is not None and resume.state is not None:
+            k = torch.cat([resume.state[0], k], dim=2)
+            v = torch.cat([resume.state[1], v], dim=2)
+        if resume is not None:
+            resume.state = (k, v)
+        P = k.shape[2] - L  # the positions before these queries
+        s = q @ k.transpose(-1, -2) / math.sqrt(F)  # (B, H, L, P + L)
         a = 1 + s + 0.5 * s * s
-        causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
+        causal = torch.ones(L, P + L, dtype=torch.bool, device=x.device).tril(P)
         a = a.masked_fill(~causal, 0.0)
         y = (a @ v) / (a.sum(-1, keepdim=True) + self.eps)
         return self.proj_o(y.transpose(1, 2).reshape(B, L, self.d_model))
+
+    def context_size(self, sequence_length: int) -> int:
+        """Floats a resumed segment starts from: the keys and values so far."""
+        return (self.num_heads * self.feature_dim + self.d_model) * sequence_length
 
     def state_size(self, sequence_length: int) -> int:
         """Floats carried between tokens, as zoology counts them: the KV state and the

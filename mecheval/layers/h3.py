@@ -21,7 +21,8 @@ import math
 import torch
 from torch import nn
 
-from mecheval.layers.long_conv import long_causal_conv
+from mecheval.layers.long_conv import resumed_long_conv
+from mecheval.layers.resume import Resume
 from mecheval.layers.sites import Site
 
 
@@ -80,6 +81,11 @@ class H3(nn.Module):
         self.conv_output = Site("conv_output")
         self.long_conv_input = Site("long_conv_input")
         self.long_conv_output = Site("long_conv_output")
+        self.resume: Resume | None = None
+
+    # See mecheval.layers.resume; context: every past input of the shift SSM (B, P, d_model)
+    # and of the diagonal SSM (B, P, H head_dim^2), both run as long convolutions.
+    resumable = True
 
     def shift_kernel(self, length: int) -> torch.Tensor:
         """The shift SSM's convolution kernel, (min(length, N), d_model) float32:
@@ -116,17 +122,29 @@ class H3(nn.Module):
         """u: (B, L, d_model) -> (B, L, d_model)."""
         B, L, d = u.shape
         H, P = self.num_heads, self.head_dim
+        resume = self.resume
+        k_before, kv_before = (
+            (None, None) if resume is None or resume.state is None else resume.state
+        )
         q, k, v = self.q_proj(u), self.k_proj(u), self.v_proj(u)
         k = self.conv_input(k)
-        k = long_causal_conv(k, self.shift_kernel(L)) + k * self.shift_D
-        k = self.conv_output(k)
+        shifted, k_inputs = resumed_long_conv(k, k_before, self.shift_kernel)
+        k = self.conv_output(shifted + k * self.shift_D)
         kv = k.view(B, L, H, P, 1) * v.view(B, L, H, 1, P)  # (B, L, H, i, j)
         kv = self.long_conv_input(kv.reshape(B, L, H * P * P))
-        kernel = self.diagonal_kernel(L).repeat_interleave(P * P, dim=1)  # (L, H * P * P)
-        y = long_causal_conv(kv, kernel) + kv * self.D.repeat_interleave(P * P)
+        y, kv_inputs = resumed_long_conv(
+            kv, kv_before, lambda n: self.diagonal_kernel(n).repeat_interleave(P * P, dim=1)
+        )
+        if resume is not None:
+            resume.state = (k_inputs, kv_inputs)
+        y = y + kv * self.D.repeat_interleave(P * P)
         y = self.long_conv_output(y).view(B, L, H, P, P)
         o = (q.view(B, L, H, P, 1) * y).sum(3)  # (B, L, H, j)
         return self.output_linear(o.reshape(B, L, d))
+
+    def context_size(self, sequence_length: int) -> int:
+        """Floats a resumed segment starts from: both SSMs' past inputs."""
+        return (self.d_model + self.num_heads * self.head_dim**2) * sequence_length
 
     def state_size(self, sequence_length: int) -> int:
         """Floats carried between tokens: the shift SSM's N taps per channel and the diagonal

@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mecheval.layers.long_conv import ImplicitFilter, long_causal_conv
+from mecheval.layers.long_conv import ImplicitFilter, resumed_long_conv
+from mecheval.layers.resume import Resume
 from mecheval.layers.short_conv import ShortConvolution
 from mecheval.layers.sites import Site
 
@@ -56,15 +57,24 @@ class Hyena(nn.Module):
         self.conv_output = Site("conv_output")
         self.long_conv_input = Site("long_conv_input")
         self.long_conv_output = Site("long_conv_output")
+        self.resume: Resume | None = None
+
+    # See mecheval.layers.resume; context: the short filter's last inputs (B, 3 d, W - 1) and
+    # every past input of the long convolution (B, P, d).
+    resumable = True
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         """u: (B, L, d_model) -> (B, L, d_model)."""
-        L, d = u.shape[1], self.d_model
+        d, resume = self.d_model, self.resume
+        window, before = (None, None) if resume is None or resume.state is None else resume.state
         p = self.conv_input(self.in_proj(u))
-        p = self.conv_output(self.short_filter(p)[0])
+        p, window = self.short_filter(p, cache=window, output_final_state=resume is not None)
+        p = self.conv_output(p)
         x1, x2, v = p.split(d, dim=-1)
         v = self.long_conv_input(v * x1)
-        y = long_causal_conv(v, self.filter_fn(L))
+        y, inputs = resumed_long_conv(v, before, self.filter_fn)
+        if resume is not None:
+            resume.state = (window, inputs)
         v = self.long_conv_output(y + v * self.D if self.use_skip else y)
         return self.out_proj(v * x2)
 

@@ -57,6 +57,15 @@ def long_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return torch.fft.irfft(u_f * k_f, n=n, dim=1)[:, :L].to(dtype)
 
 
+def resumed_long_conv(u: torch.Tensor, before: torch.Tensor | None, filter_fn) -> tuple:
+    """A long convolution of inputs that follow `before` (B, P, C; None: the sequence starts
+    at u): (the outputs at u's positions (B, L, C), every input so far (B, P + L, C), the
+    context for the next segment). `filter_fn(length)` gives the filter's taps. The
+    convolution runs over the whole sequence so far, so its outputs are one run's."""
+    full = u if before is None else torch.cat([before.to(u.dtype), u], dim=1)
+    return long_causal_conv(full, filter_fn(full.shape[1]))[:, -u.shape[1] :], full
+
+
 def positional_encoding(l_max: int, emb_dim: int = 3) -> torch.Tensor:
     """Hyena's positional encoding z(t), (l_max, emb_dim) float32.
 
@@ -168,9 +177,11 @@ class ImplicitLongConvolution(nn.Module):
         _check_length(length, self.l_max)
         return self.mlp(self.z[:length])
 
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
-        """u: (B, L, C) -> (B, L, C)."""
-        return long_causal_conv(u, self.filter(u.shape[1])) + u
+    def forward(self, u: torch.Tensor, before: torch.Tensor | None = None) -> tuple:
+        """u: (B, L, C), after the inputs `before` (B, P, C) or None -> (y (B, L, C), every
+        input so far (B, P + L, C), the context to resume from)."""
+        y, inputs = resumed_long_conv(u, before, self.filter)
+        return y + u, inputs
 
 
 def _check_length(length: int, l_max: int) -> None:

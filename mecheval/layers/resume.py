@@ -10,7 +10,9 @@ patched position this way, instead of recomputing the unchanged prefix.
 
 The context is a tuple of tensors with the batch axis first (or None entries), whatever the
 mixer needs: the short convolutions' last inputs and the recurrent state for Mamba and
-DeltaNet, the keys and values so far for attention.
+DeltaNet, the keys and values so far for attention and Based's linear attention, and every past
+input of a long convolution (BaseConv, Hyena, H3's two SSMs, run as long convolutions), which
+the resumed segment convolves again with its own inputs appended.
 """
 
 from __future__ import annotations

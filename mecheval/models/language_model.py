@@ -154,6 +154,16 @@ class LanguageModel(nn.Module):
         length = self.config.max_len if sequence_length is None else sequence_length
         return sum(block.mixer.state_size(length) for block in self.layers)
 
+    def context_size(self, sequence_length: int) -> int:
+        """Floats of the contexts a sequence run in segments carries after `sequence_length`
+        tokens (mecheval.layers.resume), summed over layers: a mixer's `context_size` where it
+        keeps something else than its generating state (H3 and Based keep past inputs, or
+        keys and values), else its `state_size`."""
+        return sum(
+            getattr(block.mixer, "context_size", block.mixer.state_size)(sequence_length)
+            for block in self.layers
+        )
+
     # -- sites -----------------------------------------------------------------------------
 
     def _collect_sites(self) -> dict[str, Site | StateSite]:

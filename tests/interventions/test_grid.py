@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from mecheval.interventions import attrib, interchange_grid, per_cell_loop, readout
-from mecheval.models import build_model
+from mecheval.models import ARCHITECTURES, build_model
 from mecheval.tasks import make_task
 
 TASK = make_task("ar", num_pairs=4, num_keys=16)
-ARCHS = ["attention", "based", "mamba", "deltanet", "hyena"]
+ARCHS = list(ARCHITECTURES)  # every mixer, each resuming near its patched position
 
 
 def _model(arch: str, seed: int = 0, trained_scale: float = 1.0):

@@ -9,18 +9,18 @@ import torch
 from mecheval.layers.resume import Resume
 from mecheval.models import ARCHITECTURES, build_model
 
-RESUMABLE = ["attention", "mamba", "mamba_noconv", "deltanet", "deltanet_noconv"]
 V, D, L = 40, 16, 11
 
 
-def _mixer(arch):
+def _mixers(arch):
+    """Each layer's mixer of a 2-layer model (based and base_conv alternate two kinds)."""
     torch.manual_seed(0)
     model = build_model(arch, V, D, max_len=L)
     with torch.no_grad():  # weights at the usual scale, so that every part of a mixer matters
         for module in model.modules():
             if isinstance(module, torch.nn.Linear):
                 module.weight.normal_(0, module.in_features**-0.5)
-    return model.layers[0].mixer.eval()
+    return [block.mixer.eval() for block in model.layers]
 
 
 def _segments(mixer, x, cuts):
@@ -32,29 +32,42 @@ def _segments(mixer, x, cuts):
         mixer.resume = None
 
 
-def test_the_resumable_mixers_are_these():
-    resumable = [a for a in ARCHITECTURES if getattr(_mixer(a), "resumable", False)]
-    assert resumable == RESUMABLE
+def test_every_mixer_resumes():
+    for arch in ARCHITECTURES:
+        for mixer in _mixers(arch):
+            assert mixer.resumable, (arch, type(mixer).__name__)
 
 
-@pytest.mark.parametrize("arch", RESUMABLE)
+@pytest.mark.parametrize("arch", ARCHITECTURES)
 @pytest.mark.parametrize("cuts", [[1], [4], [3, 7, 10]], ids=str)
 def test_segments_equal_one_run(arch, cuts):
-    mixer = _mixer(arch)
-    x = torch.randn(3, L, D, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        whole = mixer(x)
-        pieces = _segments(mixer, x, cuts)
-    torch.testing.assert_close(pieces, whole, atol=2e-5, rtol=1e-4)
-    assert mixer.resume is None
+    for mixer in _mixers(arch):
+        x = torch.randn(3, L, D, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            whole = mixer(x)
+            pieces = _segments(mixer, x, cuts)
+        torch.testing.assert_close(pieces, whole, atol=2e-5, rtol=1e-4)
+        assert mixer.resume is None
 
 
-@pytest.mark.parametrize("arch", ["mamba", "deltanet"])
-def test_a_resumed_state_patch_equals_one_patched_run(arch):
-    """Patching the state after position 6 in a segment that starts at 4 (relative 2) gives
-    what patching it in one run does."""
+@pytest.mark.parametrize(
+    "arch, site",
+    [
+        ("mamba", "state"),
+        ("deltanet", "state"),
+        ("hyena", "long_conv_input"),
+        ("h3", "long_conv_input"),
+        ("h3", "conv_input"),
+        ("base_conv", "conv_input"),
+        ("base_conv_long", "long_conv_input"),
+        ("based", "conv_output"),
+    ],
+)
+def test_a_resumed_state_patch_equals_one_patched_run(arch, site):
+    """Patching a site (a state, or a long or short convolution's input) at position 6 in a
+    segment that starts at 4 (relative 2) gives what patching it in one run does."""
     model = build_model(arch, V, D, max_len=L).eval()
-    name = "layers.0.state"
+    name = f"layers.0.{site}"
     tokens = torch.randint(0, V, (2, L), generator=torch.Generator().manual_seed(2))
     x = model.embed(tokens)
     block = model.layers[0]
@@ -72,3 +85,19 @@ def test_a_resumed_state_patch_equals_one_patched_run(arch):
             rest = block(x[:, 4:])
         block.mixer.resume = None
     torch.testing.assert_close(rest, whole[:, 4:], atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_context_size_counts_the_contexts_floats(arch):
+    """model.context_size(P), which sizes the grid engine's stored contexts, is the number of
+    floats per sequence the mixers' contexts hold after P positions."""
+    model = build_model(arch, V, D, max_len=L).eval()
+    x = model.embed(torch.randint(0, V, (2, 7), generator=torch.Generator().manual_seed(3)))
+    held = 0
+    with torch.no_grad():
+        for block in model.layers:
+            block.mixer.resume = Resume()
+            block(x)
+            held += sum(t[0].numel() for t in block.mixer.resume.state if t is not None)
+            block.mixer.resume = None
+    assert held == model.context_size(7)
