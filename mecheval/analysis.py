@@ -65,6 +65,8 @@ def evidence_table(best: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
             k: run[k]
             for k in ("task", "setting", "arch", "d_model", "n_layers", "lr", "dev_accuracy")
         }
+        if "study_scale" in run:
+            row["study_scale"] = bool(run["study_scale"])
         if not run["evaluated"]:
             rows.append(row)
             continue

@@ -14,7 +14,11 @@ study's own are not mixed), and `ours` lists every setting's outcome. Verdicts, 
 never written by hand:
 - "reproduced": in some setting, every model the finding names was run and behaves as the
   study found;
-- "not reproduced": they were run together in some setting, and in none do all behave so;
+- "not reproduced": they were run together in a setting at the study's scale (its task
+  setting and training length, `study_scale`; mecheval.study_numbers.at_study_scale), and in
+  none do all behave so;
+- "not reproduced at this scale": as above, but only in smaller settings (a toy task, fewer
+  steps), which cannot contradict the study;
 - "not run at this scale": no setting has every model the finding needs (evaluated).
 Thresholds: a model *solves* a task at dev accuracy >= SOLVES and *fails* it below FAILS (the
 study's failing models stay at or below 0.3 on AR); a read-out names a mechanism by
@@ -34,6 +38,9 @@ CONV_CARRIES = 0.5
 DIRECT = ("direct_early", "direct_late")
 
 REPRODUCED, NOT_REPRODUCED, NOT_RUN = "reproduced", "not reproduced", "not run at this scale"
+NOT_AT_SCALE = "not reproduced at this scale"
+# The verdict of a finding is the first of these that one of its settings reached.
+PRECEDENCE = (REPRODUCED, NOT_REPRODUCED, NOT_AT_SCALE, NOT_RUN)
 
 
 @dataclass(frozen=True)
@@ -184,9 +191,12 @@ def findings_table(evidence: pd.DataFrame) -> pd.DataFrame:
         for setting in settings or [None]:
             part = evidence if setting is None else evidence[evidence["setting"] == setting]
             ours, verdict = finding.check(part)
+            small = "study_scale" in part and not part["study_scale"].fillna(False).all()
+            if verdict == NOT_REPRODUCED and small:
+                verdict = NOT_AT_SCALE
             outcomes.append((setting, ours, verdict))
         verdicts = [v for _, _, v in outcomes]
-        verdict = next((v for v in (REPRODUCED, NOT_REPRODUCED) if v in verdicts), NOT_RUN)
+        verdict = next(v for v in PRECEDENCE if v in verdicts or v == NOT_RUN)
         order = sorted(outcomes, key=lambda o: (o[2] != verdict, o[0] or ""))
         ours = " | ".join(
             f"{setting} ({v}): {text}" if setting is not None else text

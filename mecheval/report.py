@@ -39,7 +39,7 @@ from mecheval.findings import findings_table
 from mecheval.interventions import MECHANISM_THRESHOLD, attrib
 from mecheval.io import atomic_write_parquet
 from mecheval.plots import heatmap, over_training, value_vs_query
-from mecheval.study_numbers import study_accuracy
+from mecheval.study_numbers import at_study_scale, study_accuracy
 from mecheval.tasks import make_task
 from mecheval.train.loop import read_result
 
@@ -73,6 +73,9 @@ def collect_results(path: str | Path) -> pd.DataFrame:
                 "dev_accuracy": result["dev_accuracy"],
                 "test_accuracy": result["test_accuracy"],
                 "steps": result["steps"],
+                "study_scale": at_study_scale(
+                    config["task"]["name"], config["task"].get("options", {}), result["steps"]
+                ),
                 "wall_time_s": result["wall_time_s"],
                 "evaluated": (run / INTERVENTIONS).exists(),
             }
@@ -217,7 +220,10 @@ def build_report(path: str | Path, out: str | Path | None = None) -> Path:
     findings_note = (
         "Verdicts are computed from the runs below (mecheval.findings): a model solves a task "
         "at dev accuracy >= 0.5 and fails it below 0.3; each architecture is judged at its "
-        "most accurate width. The study's numbers are its best learning rate per width."
+        "most accurate width. A finding that does not show in runs smaller than the study's "
+        '(another task setting, or fewer training steps) is "not reproduced at this scale"; '
+        "\"not reproduced\" needs the study's setting and length. The study's numbers are its "
+        "best learning rate per width."
     )
     sections = [
         ("Findings", findings_note, findings),

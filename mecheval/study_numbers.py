@@ -1,8 +1,9 @@
 """The study's accuracies, read off the figures in its repository (notebooks/figs/*.pdf; about
 +-0.02 to 0.05), for the report's "study" column: the dev accuracy of the best learning rate
-per architecture and width, 2 layers.
+per architecture and width, 2 layers; and whether a run is at the study's scale.
 
     study_accuracy(task, task_options, arch, d_model, n_layers) -> (value, figure) or None
+    at_study_scale(task, task_options, steps) -> bool
 """
 
 from __future__ import annotations
@@ -59,6 +60,26 @@ _SETTINGS = {
         for setting, table in _ATR.items()
     },
 }
+
+
+# The study's training lengths: 16 epochs of AR, 32 of ATR, over 100,032 documents in
+# batches of 32 (docs/study.md, "Training").
+STUDY_STEPS = {"ar": 50_016, "atr": 100_032}
+
+
+def _is_study_setting(task: str, task_options: Mapping[str, object]) -> bool:
+    documents = make_task(task, **task_options).data_config()
+    return any(
+        name == task and make_task(name, **options).data_config() == documents
+        for name, options, _ in _SETTINGS.values()
+    )
+
+
+def at_study_scale(task: str, task_options: Mapping[str, object], steps: int) -> bool:
+    """Whether a run had the study's task setting (documents as its figures' tasks) and at
+    least its number of training steps: a finding that fails to show in a smaller run has not
+    been contradicted."""
+    return steps >= STUDY_STEPS.get(task, 0) and _is_study_setting(task, task_options)
 
 
 def study_accuracy(

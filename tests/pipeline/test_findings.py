@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mecheval.findings import FINDINGS, NOT_REPRODUCED, NOT_RUN, REPRODUCED, findings_table
+from mecheval.findings import (
+    FINDINGS,
+    NOT_AT_SCALE,
+    NOT_REPRODUCED,
+    NOT_RUN,
+    REPRODUCED,
+    findings_table,
+)
+from mecheval.study_numbers import at_study_scale
 
 
 def model(task, arch, acc, mechanism=None, d_model=64, **readouts):
@@ -93,3 +101,22 @@ def test_each_task_setting_is_judged_on_its_own():
         table.loc[1, "verdict"] == REPRODUCED
         and f"{toy} (not run at this scale)" in (table.loc[1, "ours"])
     )
+
+
+def test_a_finding_missing_only_in_smaller_runs_is_not_reproduced_at_this_scale():
+    rows = [dict(r) for r in STUDY_LIKE]
+    rows[3].update(dev_accuracy=0.9)  # Hyena solves AR ...
+    small = findings_table(pd.DataFrame([dict(r, study_scale=False) for r in rows]))
+    assert small.set_index("finding").loc[2, "verdict"] == NOT_AT_SCALE
+    full = findings_table(pd.DataFrame([dict(r, study_scale=True) for r in rows]))
+    assert full.set_index("finding").loc[2, "verdict"] == NOT_REPRODUCED  # ... at full scale
+    assert (small.set_index("finding").loc[[1, 3, 4, 5], "verdict"] == REPRODUCED).all()
+
+
+def test_study_scale_is_the_studys_task_setting_and_length():
+    assert at_study_scale("ar", {}, 50_016)
+    assert not at_study_scale("ar", {}, 3_000)
+    assert not at_study_scale("ar", {"num_pairs": 4, "num_keys": 16}, 50_016)
+    assert at_study_scale("atr", {"max_rhs_len": 5, "num_terminals": 20}, 100_032)
+    assert not at_study_scale("atr", {"max_rhs_len": 5, "num_terminals": 20}, 30_000)
+    assert not at_study_scale("atr", {"max_rhs_len": 7, "num_terminals": 20}, 100_032)
