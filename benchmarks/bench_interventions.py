@@ -2,8 +2,8 @@
 the batched engine vs the plain per-cell hook loop (one full forward per cell, as pyvene and
 the study run it), same model, same run; and attribution patching (one backward) vs exact.
 
-Models: attention (a Transformer) and Mamba, d_model 64, untrained (the cost does not depend on
-the weights). Grids: every site of the model x the four named positions, and every site x all
+Models: the study's seven architectures (attention, BaseConv, Based, H3, Hyena, Mamba,
+DeltaNet), d_model 64, untrained (the cost does not depend on the weights). Grids: every site of the model x the four named positions, and every site x all
 37 positions. The loop runs one round (it is slow by design).
 
 Run: pytest benchmarks/bench_interventions.py --benchmark-only
@@ -20,7 +20,7 @@ from mecheval.models import build_model
 from mecheval.tasks import make_task
 
 TASK = make_task("ar")  # the study's AR: 16 pairs over 4096 keys, 37 tokens
-ARCHS = ("attention", "mamba")
+ARCHS = ("attention", "base_conv", "based", "h3", "hyena", "mamba", "deltanet")
 GRIDS = {"named positions": None, "all 37 positions": ["all"]}
 METHODS = {
     "ours (batched)": interchange_grid,

@@ -5,11 +5,13 @@ from mecheval.interventions.attribution import attribution_patching, screening_c
 from mecheval.interventions.bootstrap import attrib_intervals
 from mecheval.interventions.grid import COLUMNS, interchange_grid, select_sites
 from mecheval.interventions.per_cell import per_cell_loop
+from mecheval.interventions.plan import GridPlan, plan_grid
 from mecheval.interventions.positions import NAMED, expand_positions, resolve_position
 from mecheval.interventions.scores import MECHANISM_THRESHOLD, attrib, readout, readout_cells
 
 __all__ = [
     "COLUMNS",
+    "GridPlan",
     "NAMED",
     "attrib",
     "attrib_intervals",
@@ -17,6 +19,7 @@ __all__ = [
     "expand_positions",
     "interchange_grid",
     "per_cell_loop",
+    "plan_grid",
     "readout",
     "readout_cells",
     "MECHANISM_THRESHOLD",

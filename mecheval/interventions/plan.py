@@ -1,0 +1,189 @@
+"""The plan of an interchange grid: which cells run, where each restarts, how they are chunked.
+
+    plan = plan_grid(model, batch, positions=["all"])
+    plan.summary()   # per site: cells, cells run, first block, patched forwards, positions run
+
+`interchange_grid` runs a plan (mecheval.interventions.grid). A cell is one (site, position
+label, document); cells are stacked label-major, so cell i patches document example[i] at
+position positions[i]. What a plan prunes and reuses:
+- positions after the last query are never computed (`needed`);
+- a cell whose patch cannot reach its document's query is not run (`reaches_query`);
+- a cell restarts at its site's block (the next one for block_output), and, when every mixer
+  from there on resumes (mecheval.layers.resume), at the resume point at or before its
+  position (`points`), from the base run's contexts there;
+- cells are chunked so that a patched forward stays within the memory budget (`chunk`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from mecheval.interventions.positions import expand_positions, resolve_position
+from mecheval.tasks import Batch
+
+
+@dataclass(frozen=True)
+class SiteRef:
+    """A site of a model: its full name ("layers.1.mixer_output"), layer and short name."""
+
+    name: str
+    layer: int
+    short: str
+
+    @staticmethod
+    def parse(name: str) -> SiteRef:
+        _, layer, short = name.split(".", 2)
+        return SiteRef(name, int(layer), short)
+
+
+def select_sites(model, layers=None, sites=None) -> list[SiteRef]:
+    """The model's sites, filtered by layer indices and short site names (None: all)."""
+    refs = [SiteRef.parse(n) for n in model.site_names()]
+    n_layers = len(model.layers)
+    if layers is not None:
+        layers = [layers] if isinstance(layers, int) else list(layers)
+        bad = [layer for layer in layers if not 0 <= layer < n_layers]
+        if bad:
+            raise ValueError(f"layers {bad} out of range: the model has layers 0..{n_layers - 1}")
+        refs = [r for r in refs if r.layer in layers]
+    if sites is not None:
+        sites = [sites] if isinstance(sites, str) else list(sites)
+        known = {r.short for r in refs}
+        unknown = [s for s in sites if s not in known]
+        if unknown:
+            raise ValueError(f"unknown site(s) {unknown} for this model; it has {sorted(known)}")
+        refs = [r for r in refs if r.short in sites]
+    return refs
+
+
+def _bytes_per_row(model, length: int) -> int:
+    """A generous estimate of the memory one stacked row of a patched forward takes."""
+    d = model.config.d_model
+    return 4 * length * (32 * d + model.state_size(length)) + 8 * model.config.vocab_size
+
+
+# Sites after a block's mixer: from there on the block (residual add, MLP) and, after the last
+# block, the final norm and the head act on each position alone.
+AFTER_MIXER = frozenset({"mixer_output", "mlp_input", "mlp_output", "block_output"})
+
+
+def reaches_query(ref: SiteRef, positions: torch.Tensor, query: torch.Tensor, last_layer: int):
+    """Rows whose patch at `positions` can change the logits at their `query` (causality)."""
+    if ref.short == "state":  # the state after p feeds positions p + 1 on
+        return positions < query
+    if ref.layer == last_layer and ref.short in AFTER_MIXER:
+        return positions == query
+    return positions <= query
+
+
+# Cells are bucketed by position into at most this many resume points: each bucket is one more
+# forward per site, each point more positions skipped (8 was fastest on CPU at the study's shape,
+# between 4 and 40, for attention, Mamba and DeltaNet).
+MAX_RESUME_POINTS = 8
+
+
+def _resumable(model, layer: int) -> bool:
+    return all(getattr(block.mixer, "resumable", False) for block in model.layers[layer:])
+
+
+def _resume_points(model, positions: torch.Tensor, needed: int, n: int, budget: int) -> list[int]:
+    """Where resumed runs may start: multiples of a stride that keep the buckets few, kept only
+    while the contexts stored there (n rows each) fit in half the memory budget."""
+    stride = max(1, -(-needed // MAX_RESUME_POINTS))
+    points = sorted({int(p) // stride * stride for p in positions.unique().tolist()})
+    points = [p for p in points if 0 <= p < needed]
+    context_bytes = sum(4 * n * model.context_size(p) for p in points)
+    return points if context_bytes <= budget // 2 else []
+
+
+@dataclass(frozen=True)
+class SitePlan:
+    """The cells of one site: those that run (`live`, indices into the stacked cells), the
+    block their patched forwards start at, and each live cell's resume point."""
+
+    ref: SiteRef
+    first_block: int
+    live: torch.Tensor
+    starts: torch.Tensor
+
+
+@dataclass(frozen=True)
+class GridPlan:
+    """An interchange grid's plan (see the module docstring)."""
+
+    labels: list[str]
+    positions: torch.Tensor  # (P n,) the patched position of each stacked cell
+    example: torch.Tensor  # (P n,) its document
+    needed: int  # positions computed: up to the last query
+    points: list[int]  # resume points (empty: every cell restarts at position 0)
+    chunk: int  # cells per patched forward
+    sites: list[SitePlan]
+    memory_budget: int
+
+    def summary(self) -> pd.DataFrame:
+        """Per site: cells, cells run, the first block run, patched forwards, and positions
+        run (summed over the cells run: from its resume point to the last query)."""
+        rows = []
+        for s in self.sites:
+            starts = s.starts.tolist()
+            forwards = sum(-(-starts.count(p) // self.chunk) for p in sorted(set(starts)))
+            rows.append(
+                {
+                    "layer": s.ref.layer,
+                    "site": s.ref.short,
+                    "cells": len(self.positions),
+                    "run": len(s.live),
+                    "first_block": s.first_block,
+                    "forwards": forwards,
+                    "positions_run": int(sum(self.needed - p for p in starts)),
+                }
+            )
+        return pd.DataFrame(rows)
+
+
+def check_batch(batch: Batch) -> None:
+    if not isinstance(batch, Batch):
+        raise TypeError(f"batch must be a mecheval.tasks.Batch, got {type(batch).__name__}")
+    if len(batch) == 0:
+        raise ValueError("batch is empty: interchange_grid needs at least one document")
+
+
+def plan_grid(
+    model,
+    batch: Batch,
+    layers=None,
+    sites=None,
+    positions=None,
+    *,
+    memory_budget: int = 1 << 30,
+) -> GridPlan:
+    """The plan `interchange_grid` runs for these arguments (the same ones, without the
+    corrupted documents, which the plan does not depend on)."""
+    check_batch(batch)
+    device = next(model.parameters()).device
+    batch = batch.to(device)
+    n, length = batch.tokens.shape
+    labels = expand_positions(positions, length)
+    where = {label: resolve_position(label, batch) for label in labels}
+    query = batch.positions["query"]
+    all_positions = torch.cat([where[label] for label in labels])
+    example = torch.arange(n, device=device).repeat(len(labels))
+    needed = int(query.max()) + 1  # positions after the last query reach no query
+    points = []
+    if _resumable(model, 0):
+        points = _resume_points(model, all_positions, needed, n, memory_budget)
+    last_layer = len(model.layers) - 1
+    plans = []
+    for ref in select_sites(model, layers, sites):
+        live = reaches_query(ref, all_positions, query[example], last_layer).nonzero()[:, 0]
+        starts = torch.zeros_like(live)
+        if points:
+            table = torch.tensor(points, device=device)
+            starts = table[torch.searchsorted(table, all_positions[live], right=True) - 1]
+        first = ref.layer + 1 if ref.short == "block_output" else ref.layer
+        plans.append(SitePlan(ref, first, live, starts))
+    chunk = max(1, memory_budget // _bytes_per_row(model, length))
+    return GridPlan(labels, all_positions, example, needed, points, chunk, plans, memory_budget)
