@@ -3,8 +3,9 @@ the batched engine vs the plain per-cell hook loop (one full forward per cell, a
 the study run it), same model, same run; and attribution patching (one backward) vs exact.
 
 Models: the study's seven architectures (attention, BaseConv, Based, H3, Hyena, Mamba,
-DeltaNet), d_model 64, untrained (the cost does not depend on the weights). Grids: every site of the model x the four named positions, and every site x all
-37 positions. The loop runs one round (it is slow by design).
+DeltaNet), d_model 64, untrained (the cost does not depend on the weights). Grids: every site
+of the model x the four named positions, and every site x all 37 positions. The loop runs one
+round (it is slow by design).
 
 Run: pytest benchmarks/bench_interventions.py --benchmark-only
 """

@@ -32,7 +32,6 @@ rounding; the tests check every cell.
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,7 +41,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from mecheval.interventions.plan import GridPlan, check_batch, plan_grid, select_sites
-from mecheval.layers.resume import Resume
+from mecheval.layers.resume import context_rows
 from mecheval.tasks import Batch
 
 __all__ = ["COLUMNS", "interchange_grid", "logits_at", "plan_grid", "select_sites"]
@@ -61,9 +60,14 @@ COLUMNS = (
 )
 
 
-def logits_at(model, layer: int, residual: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
-    """(B, V) logits at each row's query position, running blocks layer.. on `residual`."""
-    return model.forward_from(layer, residual, positions=query)
+def logits_at(
+    model, layer: int, residual: torch.Tensor, query: torch.Tensor, contexts: list | None = None
+) -> torch.Tensor:
+    """(B, V) logits at each row's query position, running blocks layer.. on `residual` (the
+    positions after those `contexts`, one per block run, cover; None: from position 0)."""
+    if contexts is None:
+        return model.forward_from(layer, residual, positions=query)
+    return model.resume_from(layer, residual, contexts, positions=query)[0]
 
 
 @dataclass(frozen=True)
@@ -98,30 +102,16 @@ def _metrics(logits: torch.Tensor, answers: torch.Tensor, clean: Clean):
     return (logit - lse).exp(), logit, kl
 
 
-@contextmanager
-def _resuming(model, first_layer: int, contexts: list[Resume]):
-    """Mixers of layers first_layer.. continue from `contexts` (one per such layer)."""
-    mixers = [block.mixer for block in model.layers[first_layer:]]
-    for mixer, context in zip(mixers, contexts, strict=True):
-        mixer.resume = context
-    try:
-        yield
-    finally:
-        for mixer in mixers:
-            mixer.resume = None
-
-
-def _base_contexts(model, embedded: torch.Tensor, points: list[int]) -> dict[int, list[Resume]]:
+def _base_contexts(model, embedded: torch.Tensor, points: list[int]) -> dict[int, list]:
     """point -> every layer's mixer context after the base run's positions [0, point), from one
     pass over the base in segments."""
-    contexts: dict[int, list[Resume]] = {0: [Resume() for _ in model.layers]}
-    current = [Resume() for _ in model.layers]
+    contexts: dict[int, list] = {0: [None] * len(model.layers)}
+    current = contexts[0]
     rows = torch.zeros(embedded.shape[0], dtype=torch.long, device=embedded.device)
     previous = 0
     for point in [p for p in points if p > 0]:
-        with _resuming(model, 0, current):
-            model.forward_from(0, embedded[:, previous:point], positions=rows)
-        contexts[point] = [Resume(c.state) for c in current]
+        _, current = model.resume_from(0, embedded[:, previous:point], current, positions=rows)
+        contexts[point] = current
         previous = point
     return contexts
 
@@ -255,16 +245,17 @@ def _run(model, plan: GridPlan, batch: Batch, base_tokens: torch.Tensor, progres
                 rows = example[cells]
                 at, q_at = positions[cells] - start, query[rows] - start
                 suffix = residual[rows, start:]
-                resumed = [c.rows(rows) for c in contexts.get(start, [])[site.first_block :]]
-                with _resuming(model, site.first_block, resumed) if start else nullcontext():
-                    if is_output:  # the next block reads exactly the patched output
-                        patched = suffix.index_put(
-                            (torch.arange(len(cells), device=device), at), values[cells]
-                        )
-                        logits = logits_at(model, site.first_block, patched, q_at)
-                    else:
-                        with model.intervene(patches={ref.name: (at, values[cells])}):
-                            logits = logits_at(model, site.first_block, suffix, q_at)
+                resumed = None
+                if start:
+                    resumed = [context_rows(c, rows) for c in contexts[start][site.first_block :]]
+                if is_output:  # the next block reads exactly the patched output
+                    patched = suffix.index_put(
+                        (torch.arange(len(cells), device=device), at), values[cells]
+                    )
+                    logits = logits_at(model, site.first_block, patched, q_at, resumed)
+                else:
+                    with model.intervene(patches={ref.name: (at, values[cells])}):
+                        logits = logits_at(model, site.first_block, suffix, q_at, resumed)
                 p, lg, k = _metrics(logits, answers[rows], clean_dist.rows(rows))
                 restored[cells], logit[cells], kl[cells] = p, lg, k
         outputs.append((ref, restored, logit, kl))

@@ -100,7 +100,7 @@ def _resume_points(model, positions: torch.Tensor, needed: int, n: int, budget: 
 
 
 @dataclass(frozen=True)
-class SitePlan:
+class SiteCells:
     """The cells of one site: those that run (`live`, indices into the stacked cells), the
     block their patched forwards start at, and each live cell's resume point."""
 
@@ -120,7 +120,7 @@ class GridPlan:
     needed: int  # positions computed: up to the last query
     points: list[int]  # resume points (empty: every cell restarts at position 0)
     chunk: int  # cells per patched forward
-    sites: list[SitePlan]
+    sites: list[SiteCells]
     memory_budget: int
 
     def summary(self) -> pd.DataFrame:
@@ -184,6 +184,6 @@ def plan_grid(
             table = torch.tensor(points, device=device)
             starts = table[torch.searchsorted(table, all_positions[live], right=True) - 1]
         first = ref.layer + 1 if ref.short == "block_output" else ref.layer
-        plans.append(SitePlan(ref, first, live, starts))
+        plans.append(SiteCells(ref, first, live, starts))
     chunk = max(1, memory_budget // _bytes_per_row(model, length))
     return GridPlan(labels, all_positions, example, needed, points, chunk, plans, memory_budget)

@@ -26,16 +26,14 @@ class CausalSelfAttention(nn.Module):
         self.head_dim = d_model // num_heads
         self.Wqkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out_proj = nn.Linear(d_model, d_model)
-        self.resume: Resume | None = None
 
     resumable = True  # see mecheval.layers.resume; context: (keys, values) so far
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
         """x: (B, L, d_model) -> (B, L, d_model)."""
         B, L, _ = x.shape
         qkv = self.Wqkv(x).view(B, L, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, L, head_dim)
-        resume = self.resume
         if resume is None or resume.state is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:  # queries at positions P.. see the P earlier keys and the causal part of these

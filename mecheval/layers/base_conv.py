@@ -47,7 +47,6 @@ class BaseConv(nn.Module):
         self._site_names = (f"{prefix}_input", f"{prefix}_output")
         for name in self._site_names:
             self.add_module(name, Site(name))
-        self.resume: Resume | None = None
 
     # See mecheval.layers.resume; context: the short conv's last W - 1 inputs (B, d, W - 1), or
     # every past input of the long conv (B, P, d).
@@ -57,10 +56,9 @@ class BaseConv(nn.Module):
     def is_long(self) -> bool:
         return self.kernel_size == -1
 
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
+    def forward(self, u: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
         """u: (B, L, d_model) -> (B, L, d_model)."""
         site_in, site_out = (getattr(self, name) for name in self._site_names)
-        resume = self.resume
         before = None if resume is None or resume.state is None else resume.state[0]
         c = site_in(u)
         if self.is_long:

@@ -47,20 +47,18 @@ class BasedLinearAttention(nn.Module):
         self.proj_k = nn.Linear(d_model, feature_dim * num_heads, bias=False)
         self.proj_v = nn.Linear(d_model, d_model, bias=False)
         self.proj_o = nn.Linear(d_model, d_model, bias=False)
-        self.resume: Resume | None = None
 
     # See mecheval.layers.resume; context: the keys and values so far, (B, H, P, F) and
     # (B, H, P, head_dim): resumed queries run the same quadratic form over them.
     resumable = True
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
         """x: (B, L, d_model) -> (B, L, d_model)."""
         B, L, _ = x.shape
         H, F = self.num_heads, self.feature_dim
         q = self.proj_q(x).view(B, L, H, F).transpose(1, 2)
         k = self.proj_k(x).view(B, L, H, F).transpose(1, 2)
         v = self.proj_v(x).view(B, L, H, self.head_dim).transpose(1, 2)
-        resume = self.resume
         if resume is not None and resume.state is not None:
             k = torch.cat([resume.state[0], k], dim=2)
             v = torch.cat([resume.state[1], v], dim=2)

@@ -105,7 +105,6 @@ class DeltaNet(nn.Module):
         self.o_norm = nn.RMSNorm(self.head_v_dim, eps=norm_eps)
         self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
         self.state = StateSite("state")
-        self.resume: Resume | None = None
 
     # See mecheval.layers.resume; context: (q, k, v conv inputs, recurrent state).
     resumable = True
@@ -115,11 +114,10 @@ class DeltaNet(nn.Module):
         x, final = getattr(self, f"{name}_conv1d")(x, cache, output_final_state=keep)
         return getattr(self, f"{name}_conv_output")(x), final
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
         """hidden_states: (B, T, hidden_size) -> (B, T, hidden_size)."""
         batch, length, _ = hidden_states.shape
         H = self.num_heads
-        resume = self.resume
         context = (None,) * 4 if resume is None or resume.state is None else resume.state
         convs_out = (None,) * 3
         q, k, v = (

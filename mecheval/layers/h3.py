@@ -81,7 +81,6 @@ class H3(nn.Module):
         self.conv_output = Site("conv_output")
         self.long_conv_input = Site("long_conv_input")
         self.long_conv_output = Site("long_conv_output")
-        self.resume: Resume | None = None
 
     # See mecheval.layers.resume; context: every past input of the shift SSM (B, P, d_model)
     # and of the diagonal SSM (B, P, H head_dim^2), both run as long convolutions.
@@ -118,11 +117,10 @@ class H3(nn.Module):
         K = 2 * (terms * decay).sum(1)  # (H, length)
         return K.transpose(0, 1)
 
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
+    def forward(self, u: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
         """u: (B, L, d_model) -> (B, L, d_model)."""
         B, L, d = u.shape
         H, P = self.num_heads, self.head_dim
-        resume = self.resume
         k_before, kv_before = (
             (None, None) if resume is None or resume.state is None else resume.state
         )

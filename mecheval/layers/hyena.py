@@ -57,15 +57,14 @@ class Hyena(nn.Module):
         self.conv_output = Site("conv_output")
         self.long_conv_input = Site("long_conv_input")
         self.long_conv_output = Site("long_conv_output")
-        self.resume: Resume | None = None
 
     # See mecheval.layers.resume; context: the short filter's last inputs (B, 3 d, W - 1) and
     # every past input of the long convolution (B, P, d).
     resumable = True
 
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
+    def forward(self, u: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
         """u: (B, L, d_model) -> (B, L, d_model)."""
-        d, resume = self.d_model, self.resume
+        d = self.d_model
         window, before = (None, None) if resume is None or resume.state is None else resume.state
         p = self.conv_input(self.in_proj(u))
         p, window = self.short_filter(p, cache=window, output_final_state=resume is not None)

@@ -129,14 +129,12 @@ class Mamba(nn.Module):
         self.D._no_weight_decay = True
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias, **factory)
         self.state = StateSite("state")
-        self.resume: Resume | None = None
 
     resumable = True  # see mecheval.layers.resume; context: (conv inputs, scan state)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
         """hidden_states: (B, L, d_model) -> (B, L, d_model)."""
         batch, length, _ = hidden_states.shape
-        resume = self.resume
         conv_in, ssm_in = (None, None) if resume is None or resume.state is None else resume.state
         conv_out = None
         x, z = self.in_proj(hidden_states).chunk(2, dim=-1)  # (B, L, d_inner) each

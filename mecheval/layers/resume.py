@@ -1,12 +1,13 @@
 """Running a sequence in segments: a mixer's carried context from one segment to the next.
 
-A resumable mixer (class attribute `resumable = True`) has a `resume` attribute, None unless a
-caller runs the sequence in segments. Set to a `Resume`, the mixer treats its input as the
-positions that follow the segment whose context `Resume.state` holds (None: the sequence starts
-here), and when its forward pass returns, `Resume.state` holds the context after its last
-position. So two calls on [0, p) and [p, L), the second resuming from the first's context, give
-the outputs of one call on [0, L): the interchange grid restarts a patched forward at the
-patched position this way, instead of recomputing the unchanged prefix.
+The contract: a resumable mixer (class attribute `resumable = True`; every mixer of the zoo)
+takes `forward(x, resume=None)`. Given a `Resume`, it treats x as the positions that follow
+those whose context `Resume.state` holds (None: the sequence starts here), and leaves in
+`Resume.state` the context after x's last position. So two calls on [0, p) and [p, L), the
+second resuming from the first's context, give the outputs of one call on [0, L). Models pass
+contexts through `LanguageModel.resume_from(layer, residual, contexts) -> (logits, contexts)`;
+the interchange grid restarts a patched forward at the patched position this way, instead of
+recomputing the unchanged prefix. Nothing is set on a mixer from outside.
 
 The context is a tuple of tensors with the batch axis first (or None entries), whatever the
 mixer needs: the short convolutions' last inputs and the recurrent state for Mamba and
@@ -24,10 +25,13 @@ import torch
 
 @dataclass
 class Resume:
+    """A mixer's context: in, the one to continue from; out, the one it leaves."""
+
     state: tuple[torch.Tensor | None, ...] | None = None
 
-    def rows(self, rows: torch.Tensor) -> Resume:
-        """The same context for a selection of batch rows."""
-        if self.state is None:
-            return Resume()
-        return Resume(tuple(None if t is None else t[rows] for t in self.state))
+
+def context_rows(context: tuple | None, rows: torch.Tensor) -> tuple | None:
+    """A context for a selection of its batch rows."""
+    if context is None:
+        return None
+    return tuple(None if t is None else t[rows] for t in context)

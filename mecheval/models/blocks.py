@@ -29,6 +29,7 @@ from mecheval.layers import (
     Mamba,
     Site,
 )
+from mecheval.layers.resume import Resume
 from mecheval.models.config import ModelConfig
 
 
@@ -54,10 +55,12 @@ class TransformerBlock(nn.Module):
         self.mlp_output = Site("mlp_output")
         self.block_output = Site("block_output")
 
-    def forward(self, residual: torch.Tensor) -> torch.Tensor:
-        """residual: (B, L, d_model) -> (B, L, d_model)."""
+    def forward(self, residual: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
+        """residual: (B, L, d_model) -> (B, L, d_model); `resume`: the mixer's context
+        (mecheval.layers.resume), None for a whole sequence."""
         residual = self.block_input(residual)
-        h = self.mixer_output(self.mixer(self.mixer_input(self.norm1(residual))))
+        h = self.mixer_input(self.norm1(residual))
+        h = self.mixer_output(self.mixer(h, resume=resume))
         residual = residual + h
         h = self.mlp_output(self.mlp(self.mlp_input(self.norm2(residual))))
         return self.block_output(residual + h)
@@ -81,10 +84,10 @@ class MambaBlock(nn.Module):
         self.mixer_output = Site("mixer_output")
         self.block_output = Site("block_output")
 
-    def forward(self, residual: torch.Tensor) -> torch.Tensor:
-        """residual: (B, L, d_model) -> (B, L, d_model)."""
+    def forward(self, residual: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
+        """residual: (B, L, d_model) -> (B, L, d_model); `resume` as in TransformerBlock."""
         residual = self.block_input(residual)
-        h = self.mixer_output(self.mixer(self.mixer_input(self.norm(residual))))
+        h = self.mixer_output(self.mixer(self.mixer_input(self.norm(residual)), resume=resume))
         return self.block_output(residual + h)
 
 

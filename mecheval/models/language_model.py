@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mecheval.layers import Site, SitePlan, StateSite
+from mecheval.layers.resume import Resume
 from mecheval.models.blocks import build_block
 from mecheval.models.config import ModelConfig
 
@@ -85,7 +86,11 @@ class LanguageModel(nn.Module):
         return x
 
     def forward_from(
-        self, layer_index: int, residual: torch.Tensor, positions: torch.Tensor | None = None
+        self,
+        layer_index: int,
+        residual: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        resumes: list[Resume] | None = None,
     ) -> torch.Tensor:
         """Run blocks layer_index..n_layers-1, the final norm and the tied head.
 
@@ -95,6 +100,9 @@ class LanguageModel(nn.Module):
             positions: optional (B,) integer, one position per row: the head then runs only
                 there (the loss and the interventions read one position; at vocab 8195 the
                 head dominates a small model's step).
+            resumes: optional, one `Resume` per block run: each block's mixer continues from
+                its context and leaves the context after these positions in it (see
+                `resume_from`, the form that returns them).
 
         Returns:
             logits (B, L, vocab_size), or (B, vocab_size) at `positions`.
@@ -119,13 +127,45 @@ class LanguageModel(nn.Module):
                 f"positions must have shape ({residual.shape[0]},), one integer position per "
                 f"row, got {positions!r:.80}"
             )
-        for block in self.layers[layer_index:]:
-            residual = block(residual)
+        blocks = self.layers[layer_index:]
+        if resumes is not None and len(resumes) != len(blocks):
+            raise ValueError(f"resumes must hold one context per block run ({len(blocks)})")
+        for i, block in enumerate(blocks):
+            residual = block(residual) if resumes is None else block(residual, resumes[i])
         hidden = self.norm_f(residual)
         if positions is not None:
             rows = torch.arange(hidden.shape[0], device=hidden.device)
             hidden = hidden[rows, positions.to(hidden.device)]
         return F.linear(hidden, self.embedding.weight)
+
+    def resume_from(
+        self,
+        layer_index: int,
+        residual: torch.Tensor,
+        contexts: list[tuple | None] | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[tuple]]:
+        """Run positions that follow others (the contract between models and the intervention
+        engine; mecheval.layers.resume).
+
+        Args:
+            layer_index, residual, positions: as in `forward_from`; residual holds the
+                positions after those the contexts cover.
+            contexts: per block run, the context its mixer left after the earlier positions
+                (None, or a None entry: the sequence starts here).
+
+        Returns:
+            (logits, the contexts after these positions, one per block run). Every mixer of
+            the zoo resumes (its class says `resumable = True`); a model with one that cannot
+            must be rerun from position 0 instead.
+        """
+        blocks = self.layers[layer_index:]
+        if not all(getattr(block.mixer, "resumable", False) for block in blocks):
+            raise ValueError("a mixer from this layer on cannot resume a sequence")
+        given = contexts if contexts is not None else [None] * len(blocks)
+        resumes = [Resume(c) for c in given]
+        logits = self.forward_from(layer_index, residual, positions, resumes=resumes)
+        return logits, [r.state for r in resumes]
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """tokens: (B, L) integer -> logits (B, L, vocab_size), or (B, vocab_size) at one

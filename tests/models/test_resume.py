@@ -24,12 +24,11 @@ def _mixers(arch):
 
 
 def _segments(mixer, x, cuts):
-    mixer.resume = Resume()
-    try:
-        bounds = [0, *cuts, x.shape[1]]
-        return torch.cat([mixer(x[:, a:b]) for a, b in zip(bounds, bounds[1:], strict=False)], 1)
-    finally:
-        mixer.resume = None
+    resume = Resume()
+    bounds = [0, *cuts, x.shape[1]]
+    return torch.cat(
+        [mixer(x[:, a:b], resume=resume) for a, b in zip(bounds, bounds[1:], strict=False)], 1
+    )
 
 
 def test_every_mixer_resumes():
@@ -47,7 +46,6 @@ def test_segments_equal_one_run(arch, cuts):
             whole = mixer(x)
             pieces = _segments(mixer, x, cuts)
         torch.testing.assert_close(pieces, whole, atol=2e-5, rtol=1e-4)
-        assert mixer.resume is None
 
 
 @pytest.mark.parametrize(
@@ -78,12 +76,9 @@ def test_a_resumed_state_patch_equals_one_patched_run(arch, site):
         with model.intervene(patches={name: (torch.tensor([6, 6]), value)}):
             whole = block(x)
         first = Resume()
-        block.mixer.resume = first
-        block(x[:, :4])
-        block.mixer.resume = first
+        block(x[:, :4], first)
         with model.intervene(patches={name: (torch.tensor([2, 2]), value)}):
-            rest = block(x[:, 4:])
-        block.mixer.resume = None
+            rest = block(x[:, 4:], first)
     torch.testing.assert_close(rest, whole[:, 4:], atol=2e-5, rtol=1e-4)
 
 
@@ -96,8 +91,24 @@ def test_context_size_counts_the_contexts_floats(arch):
     held = 0
     with torch.no_grad():
         for block in model.layers:
-            block.mixer.resume = Resume()
-            block(x)
-            held += sum(t[0].numel() for t in block.mixer.resume.state if t is not None)
-            block.mixer.resume = None
+            resume = Resume()
+            block(x, resume)
+            held += sum(t[0].numel() for t in resume.state if t is not None)
     assert held == model.context_size(7)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_resume_from_returns_the_contexts_to_continue_from(arch):
+    """The model-level contract: logits of positions [p, L) from the contexts of [0, p) equal
+    one run's, and the contexts it returns continue the sequence again."""
+    model = build_model(arch, V, D, max_len=L).eval()
+    tokens = torch.randint(0, V, (2, L), generator=torch.Generator().manual_seed(4))
+    x = model.embed(tokens)
+    with torch.no_grad():
+        whole = model.forward_from(0, x)
+        head, contexts = model.resume_from(0, x[:, :4])
+        middle, contexts = model.resume_from(0, x[:, 4:8], contexts)
+        tail, _ = model.resume_from(0, x[:, 8:], contexts)
+    torch.testing.assert_close(torch.cat([head, middle, tail], 1), whole, atol=2e-5, rtol=1e-4)
+    assert len(contexts) == len(model.layers)
+    assert not any(hasattr(block.mixer, "resume") for block in model.layers)
