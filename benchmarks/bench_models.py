@@ -13,6 +13,7 @@ Run: pytest benchmarks/bench_models.py --benchmark-only
 from __future__ import annotations
 
 import contextlib
+import unittest.mock
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 
 import kernels
 from benchmarks.common import DEVICE, sync
+from mecheval.layers import attention
 from mecheval.models import ARCHITECTURES, build_model
 
 BATCH, LENGTH, VOCAB, N_LAYERS = 32, 37, 8195, 2
@@ -29,11 +31,15 @@ IMPLS = {
     "ours (torch)": ("torch", False),
     "ours (triton)": ("triton", False),
     "ours (triton, compiled)": ("triton", True),
+    "ours (triton, SDPA not flash-attn)": ("triton", False),
 }
+SDPA_ONLY = "ours (triton, SDPA not flash-attn)"
 
 
-def _skip_reason(impl: str, d_model: int) -> str | None:
+def _skip_reason(impl: str, d_model: int, arch: str) -> str | None:
     backend, compiled = IMPLS[impl]
+    if impl == SDPA_ONLY and (arch != "attention" or attention.flash_attn_func() is None):
+        return "SDPA vs flash-attn: attention with flash-attn installed only"
     if DEVICE.type != "cuda" and (backend == "triton" or compiled):
         return "Triton kernels and torch.compile are benchmarked on a GPU only"
     if compiled and d_model != max(WIDTHS):
@@ -45,7 +51,7 @@ def _skip_reason(impl: str, d_model: int) -> str | None:
 @pytest.mark.parametrize("d_model", WIDTHS)
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_training_step(benchmark, arch, d_model, impl):
-    reason = _skip_reason(impl, d_model)
+    reason = _skip_reason(impl, d_model, arch)
     if reason:
         pytest.skip(reason)
     backend, compiled = IMPLS[impl]
@@ -65,8 +71,14 @@ def test_training_step(benchmark, arch, d_model, impl):
         else contextlib.nullcontext()
     )
 
+    sdpa_only = (
+        unittest.mock.patch.object(attention, "uses_flash_attn", lambda q: False)
+        if impl == SDPA_ONLY
+        else contextlib.nullcontext()
+    )
+
     def step():
-        with kernels.use_backend(backend), autocast:
+        with kernels.use_backend(backend), autocast, sdpa_only:
             logits = forward(tokens, positions=query)
             loss = F.cross_entropy(logits.float(), answer)
         loss.backward()
@@ -91,6 +103,13 @@ def test_training_step(benchmark, arch, d_model, impl):
         n_layers=N_LAYERS,
         params=model.num_params(),
         device=torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu",
+        attention_kernel=(
+            "flash-attn"
+            if arch == "attention"
+            and impl != SDPA_ONLY
+            and attention.uses_flash_attn(torch.empty(1, device=DEVICE, dtype=torch.bfloat16))
+            else "SDPA"
+        ),
         dtype="bf16 autocast" if DEVICE.type == "cuda" else "fp32",
     )
     benchmark.extra_info["steps/s"] = round(1 / median, 2)

@@ -1,13 +1,44 @@
 """Causal multi-head softmax self-attention (zoology's `MHA` built with bias=False: the fused
-q/k/v projection has no bias, the output projection keeps one)."""
+q/k/v projection has no bias, the output projection keeps one).
+
+The scores run through PyTorch's scaled_dot_product_attention, except on CUDA in half precision
+when flash-attn is installed (the `gpu` extra): its kernel then runs the whole-sequence causal
+pass. fp32 always takes SDPA (flash-attn has no fp32 kernel).
+"""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mecheval.layers.resume import Resume
+
+
+@functools.cache
+def flash_attn_func():
+    """flash-attn's `flash_attn_func`, or None when it is not installed."""
+    try:
+        from flash_attn import flash_attn_func as func
+    except ImportError:
+        return None
+    return func
+
+
+def uses_flash_attn(q: torch.Tensor) -> bool:
+    """Whether the causal pass on q runs flash-attn's kernel (see the module docstring)."""
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    return q.is_cuda and half and flash_attn_func() is not None
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal softmax attention of (B, H, L, head_dim) q, k, v, scaled by head_dim^-1/2."""
+    if uses_flash_attn(q):  # flash-attn takes (B, L, H, head_dim)
+        y = flash_attn_func()(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+        return y.transpose(1, 2)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class CausalSelfAttention(nn.Module):
@@ -35,7 +66,7 @@ class CausalSelfAttention(nn.Module):
         qkv = self.Wqkv(x).view(B, L, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, L, head_dim)
         if resume is None or resume.state is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = causal_attention(q, k, v)
         else:  # queries at positions P.. see the P earlier keys and the causal part of these
             k_before, v_before = resume.state
             k, v = torch.cat([k_before, k], dim=2), torch.cat([v_before, v], dim=2)

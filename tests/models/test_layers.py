@@ -246,3 +246,29 @@ def test_hyena_and_long_base_conv_equal_their_definitions():
     torch.testing.assert_close(hyena(u).double(), expected, atol=ATOL, rtol=RTOL)
     expected = base_conv_long_reference(dict(base_conv.named_parameters()), u)
     torch.testing.assert_close(base_conv(u).double(), expected, atol=ATOL, rtol=RTOL)
+
+
+def test_attention_takes_flash_attn_on_cuda_half_precision(monkeypatch):
+    """On CUDA in fp16/bf16 with flash-attn installed, the causal pass runs flash-attn's kernel
+    in its (B, L, H, head_dim) layout; elsewhere SDPA. (A stand-in plays the kernel on CPU.)"""
+    import torch.nn.functional as F
+
+    from mecheval.layers import attention
+
+    calls = []
+
+    def stand_in(q, k, v, causal):
+        calls.append((q.shape, causal))
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal
+        )
+        return y.transpose(1, 2)
+
+    layer = attention.CausalSelfAttention(16, num_heads=2)
+    x = torch.randn(3, 5, 16)
+    expected = layer(x)
+    assert not attention.uses_flash_attn(x)  # CPU: SDPA
+    monkeypatch.setattr(attention, "flash_attn_func", lambda: stand_in)
+    monkeypatch.setattr(attention, "uses_flash_attn", lambda q: True)
+    torch.testing.assert_close(layer(x), expected)
+    assert calls == [((3, 5, 2, 8), True)]
