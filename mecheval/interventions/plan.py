@@ -60,9 +60,10 @@ def select_sites(model, layers=None, sites=None) -> list[SiteRef]:
 
 
 def _bytes_per_row(model, length: int) -> int:
-    """A generous estimate of the memory one stacked row of a patched forward takes."""
+    """A generous estimate of the memory one stacked row of a patched forward takes (its
+    activations and the mixers' contexts; H3's generating state, 25x larger, is never held)."""
     d = model.config.d_model
-    return 4 * length * (32 * d + model.state_size(length)) + 8 * model.config.vocab_size
+    return 4 * length * (32 * d + model.context_size(length)) + 8 * model.config.vocab_size
 
 
 # Sites after a block's mixer: from there on the block (residual add, MLP) and, after the last
