@@ -24,6 +24,7 @@ import torch
 
 from kernels.backend import resolve_backend
 from kernels.layout import match_layout
+from kernels.stacking import is_batched
 from kernels.validation import allowed_dtypes, check_same_device, check_tensor
 
 _SCHEMA_TYPES = {
@@ -75,11 +76,12 @@ class Op:
         fake: fake(a, backend) -> the forward's outputs as empty tensors (for torch.compile).
         outputs: how many outputs the forward returns, of which the last `saved` are buffers
             for the backward (not differentiable).
+        fold: how the op runs under `torch.vmap` (stacked models): see kernels.stacking.
     """
 
-    def __init__(self, package, public, args, first, validate, fake, outputs: int, saved: int):
+    def __init__(self, package, public, args, first, validate, fake, outputs, saved, fold):
         self.package, self.public, self.args, self.first = package, public, args, first
-        self.validate, self.fake_forward = validate, fake
+        self.validate, self.fake_forward, self.fold = validate, fake, fold
         self.outputs, self.saved = outputs, saved
         hints = typing.get_type_hints(args)
         fields = [f"{_SCHEMA_TYPES[hints[f]]} {f}" for f in args._fields] + ["str backend"]
@@ -96,6 +98,7 @@ class Op:
             len(self.tensors),
         )
         self._fwd.register_autograd(self._autograd_backward, setup_context=self._setup_context)
+        self._fwd.register_vmap(self._vmap)
 
     def implementation(self, backend: str) -> types.ModuleType:
         return importlib.import_module(f"{self.package}.{MODULES[backend]}")
@@ -115,14 +118,23 @@ class Op:
         """The forward's outputs (placeholders for absent ones): through the custom op under
         torch.compile, else straight from the implementation, with the same autograd glue when
         a backward will run (the custom ops' dispatch costs tens of microseconds a call, their
-        backward hundreds)."""
-        if torch.compiler.is_compiling():
+        backward hundreds). Under `torch.vmap` the custom op's vmap rule runs it (`_vmap`)."""
+        if torch.compiler.is_compiling() or any(is_batched(t) for t in a):
             outputs = self._fwd(*a, backend)
         elif needs_grad(a):
             outputs = _Eager.apply(self, backend, *a)
         else:
             outputs = self._forward(*a, backend)
         return outputs if isinstance(outputs, tuple) else (outputs,)
+
+    def _vmap(self, info, in_dims, *inputs):
+        """The vmap rule: one call on the inputs with the model axis folded in (see
+        kernels.stacking), its outputs unfolded."""
+        a = self.args(*inputs[:-1])
+        folded, unfold = self.fold(a, self.args(*in_dims[:-1]), info.batch_size)
+        outputs = self._fwd(*folded, inputs[-1])
+        pairs = [unfold(i, t) for i, t in enumerate(outputs)]
+        return tuple(t for t, _ in pairs), tuple(d for _, d in pairs)
 
     def _placeholders(self, a: tuple, outputs) -> torch.Tensor | tuple[torch.Tensor, ...]:
         # Custom ops return tensors only: an absent output is an empty placeholder (one each:
@@ -185,14 +197,17 @@ class Op:
 
 class _Eager(torch.autograd.Function):
     """An op's autograd in eager mode: the custom ops' glue, calling the implementation
-    directly."""
+    directly (its context set up apart from the forward, as functorch's vmap requires)."""
 
     @staticmethod
-    def forward(ctx, op: Op, backend: str, *inputs):
-        outputs = op._forward(*inputs, backend)
-        op._setup_context(ctx, (*inputs, backend), outputs)
+    def forward(op: Op, backend: str, *inputs):
+        return op._forward(*inputs, backend)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        op, backend, *rest = inputs
+        op._setup_context(ctx, (*rest, backend), output)
         ctx.op = op
-        return outputs
 
     @staticmethod
     def backward(ctx, *grads):

@@ -17,6 +17,7 @@ import torch
 
 from kernels._op import Op, compute_dtype
 from kernels.delta_rule.reference import l2_normalize
+from kernels.stacking import fold_into, unfold_from
 from kernels.validation import check_range, check_tensor
 
 MAX_HEAD_DIM = 256
@@ -74,7 +75,18 @@ def _fake(a: DeltaArgs, backend: str) -> tuple:
     return (a.q.new_empty(B, T, H, a.v.shape[-1]), final, *saved)
 
 
-OP = Op(__package__, "chunk_delta_rule", DeltaArgs, "B T H K", _validate, _fake, outputs=5, saved=3)
+def _fold(a: DeltaArgs, dims: DeltaArgs, m: int):
+    """Stacked models (kernels.stacking): the model axis folds into the heads."""
+    folded = a._replace(
+        **{f: fold_into(getattr(a, f), getattr(dims, f), m, 2) for f in ("q", "k", "v", "beta")},
+        initial_state=fold_into(a.initial_state, dims.initial_state, m, 1),
+    )
+    return folded, lambda i, t: unfold_from(t, m, 2 - i) if i < 2 else (t, None)
+
+
+OP = Op(
+    __package__, "chunk_delta_rule", DeltaArgs, "B T H K", _validate, _fake, 5, saved=3, fold=_fold
+)
 
 
 def chunk_delta_rule(

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 
 from kernels._op import Op, compute_dtype, needs_grad
+from kernels.stacking import fold_into, unfold_from
 from kernels.validation import check_choice, check_range, check_tensor, check_tensor_layouts
 
 MAX_STATE = 256
@@ -80,7 +81,34 @@ def _fake(a: ScanArgs, backend: str) -> tuple:
     )
 
 
-OP = Op(__package__, "selective_scan_fn", ScanArgs, "B D L", _validate, _fake, outputs=3, saved=1)
+def _fold_bc(t: torch.Tensor, dim: int | None, m: int) -> torch.Tensor:
+    """B or C of stacked models: (D, N) folds like A; one (B, N, L) per model becomes a group
+    of channels per model; (B, G, N, L) gets M x G groups; a shared (B, N, L) stays shared."""
+    logical = t.dim() - (dim is not None)
+    if logical == 2:
+        return fold_into(t, dim, m, 0)
+    if logical == 3:
+        return t if dim is None else t.movedim(dim, 1)  # (B, M, N, L): M groups
+    return fold_into(t, dim, m, 1)
+
+
+def _fold(a: ScanArgs, dims: ScanArgs, m: int):
+    """Stacked models (kernels.stacking): the model axis folds into the channels."""
+    channels = {f: 1 for f in ("u", "delta", "z", "initial_state")} | {
+        f: 0 for f in ("A", "D", "delta_bias")
+    }
+    folded = a._replace(
+        **{f: fold_into(getattr(a, f), getattr(dims, f), m, axis) for f, axis in channels.items()},
+        B=_fold_bc(a.B, dims.B, m),
+        C=_fold_bc(a.C, dims.C, m),
+    )
+    folded = folded._replace(save_checkpoints=needs_grad(folded))  # unseen through the vmap
+    return folded, lambda i, t: unfold_from(t, m, 1) if i < 2 else (t, None)
+
+
+OP = Op(
+    __package__, "selective_scan_fn", ScanArgs, "B D L", _validate, _fake, 3, saved=1, fold=_fold
+)
 
 
 def selective_scan_fn(

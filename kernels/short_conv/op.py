@@ -8,6 +8,7 @@ from typing import NamedTuple
 import torch
 
 from kernels._op import Op, compute_dtype, needs_grad
+from kernels.stacking import fold_into, unfold_from
 from kernels.validation import check_choice, check_range, check_tensor
 
 ACTIVATIONS = (None, "silu", "swish")
@@ -48,7 +49,21 @@ def _fake(a: ConvArgs, backend: str) -> tuple:
     return torch.empty_like(a.x), pre
 
 
-OP = Op(__package__, "causal_conv1d_fn", ConvArgs, "B D L", _validate, _fake, outputs=2, saved=1)
+def _fold(a: ConvArgs, dims: ConvArgs, m: int):
+    """Stacked models (kernels.stacking): the model axis folds into the channels."""
+    folded = a._replace(
+        x=fold_into(a.x, dims.x, m, 1),
+        weight=fold_into(a.weight, dims.weight, m, 0),
+        bias=fold_into(a.bias, dims.bias, m, 0),
+        initial_states=fold_into(a.initial_states, dims.initial_states, m, 1),
+    )
+    folded = folded._replace(save=needs_grad(folded))  # unseen through the vmap
+    return folded, lambda i, t: unfold_from(t, m, 1) if i == 0 else (t, None)
+
+
+OP = Op(
+    __package__, "causal_conv1d_fn", ConvArgs, "B D L", _validate, _fake, 2, saved=1, fold=_fold
+)
 
 
 def _final_states(x: torch.Tensor, initial_states: torch.Tensor | None, width: int) -> torch.Tensor:

@@ -131,11 +131,11 @@ def save_checkpoint(
         shutil.rmtree(final)
     os.replace(tmp, final)
     atomic_write_text(root / LATEST, name + "\n")
-    _prune(root, keep, step)
+    prune_checkpoints(root, keep, step)
     return final
 
 
-def _prune(root: Path, keep: int, newest: int) -> None:
+def prune_checkpoints(root: Path, keep: int, newest: int) -> None:
     """Keep checkpoint `newest` and the `keep - 1` before it; drop the older ones and any past
     `newest` (a history the run left when it fell back to an earlier checkpoint)."""
     complete = list_checkpoints(root)
@@ -248,9 +248,13 @@ def load_weights(path: Path, model: torch.nn.Module) -> None:
 
 
 def restore_newest(
-    root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    root: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    up_to: int | None = None,
 ) -> tuple[dict[str, Any] | None, list[str]]:
-    """Load the newest checkpoint under `root` that is intact, trying them newest first.
+    """Load the newest checkpoint under `root` that is intact (and of step <= `up_to`, when
+    given), trying them newest first.
 
     Each one skipped (a file missing, truncated or altered, state.json broken) is moved aside
     to `.damaged-<name>` (so that it is neither loaded nor counted again) with a warning naming
@@ -266,6 +270,7 @@ def restore_newest(
         for path in root.glob("step_*")
         if path.is_dir() and (step := _step_of(path)) is not None
     )
+    candidates = [(s, p) for s, p in candidates if up_to is None or s <= up_to]
     skipped = []
     for _, path in reversed(candidates):
         try:

@@ -140,7 +140,7 @@ def train_step(
     return loss
 
 
-def _read_metrics(path: Path, up_to_step: int) -> list[dict]:
+def read_metrics(path: Path, up_to_step: int) -> list[dict]:
     """The records of `path` up to `up_to_step`; malformed lines (not UTF-8, not JSON, no
     integer `step`) are skipped with a warning naming the file and line, except a last line cut
     short by a kill, skipped silently."""
@@ -233,7 +233,7 @@ def _refuse_other_config(run_dir: Path, saved: TrainConfig, config: TrainConfig,
         )
 
 
-def _finished(config: TrainConfig, run_dir: Path) -> dict[str, Any] | None:
+def finished_result(config: TrainConfig, run_dir: Path) -> dict[str, Any] | None:
     """The saved result when the folder holds this config's finished run; None when the run is
     not finished; ConfigError when the folder holds another config's run."""
     if not (run_dir / RESULT).exists():
@@ -264,17 +264,17 @@ def train(config: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     """
     run_dir = Path(run_dir)
     task = validate_config(config)  # before anything is written
-    result = _finished(config, run_dir)
+    result = finished_result(config, run_dir)
     if result is not None:
         return result
     with exclusive_lock(run_dir / ".lock"):
-        result = _finished(config, run_dir)  # finished by another process meanwhile
+        result = finished_result(config, run_dir)  # finished by another process meanwhile
         if result is not None:
             return result
         return _train(config, run_dir, task)
 
 
-def _fresh(config: TrainConfig, task, device: torch.device):
+def fresh_model(config: TrainConfig, task, device: torch.device):
     model = build_model_for(config, task).to(device)
     optimizer = torch.optim.AdamW(
         model.parameters(),
@@ -301,15 +301,19 @@ def _kept(last_good: Path | None) -> str:
     return f"Stopped: {where}; no result written."
 
 
-def _train(config: TrainConfig, run_dir: Path, task) -> dict[str, Any]:
+def prepare_folder(config: TrainConfig, run_dir: Path) -> None:
+    """Before training in a folder we hold the lock of: refuse another config's run, clear the
+    temporaries a kill left, write config.yaml."""
     saved = run_dir / CONFIG
     if saved.exists():
         _refuse_other_config(run_dir, read_run_config(run_dir), config, "a run")
-    checkpoints = run_dir / "checkpoints"
-    for folder in (run_dir, checkpoints):  # temporaries a kill left (we hold the lock)
+    for folder in (run_dir, run_dir / "checkpoints"):
         remove_temporaries(folder)
     atomic_write_text(saved, yaml.safe_dump(to_dict(config), sort_keys=False))
 
+
+def _train(config: TrainConfig, run_dir: Path, task) -> dict[str, Any]:
+    prepare_folder(config, run_dir)
     with kernels.use_backend(config.backend):  # the process default is restored after
         return _run(config, run_dir, task)
 
@@ -324,7 +328,7 @@ def _run(config: TrainConfig, run_dir: Path, task) -> dict[str, Any]:
         for split in ("dev", "test")
     }
     init_rng = torch.get_rng_state()
-    model, optimizer = _fresh(config, task, device)
+    model, optimizer = fresh_model(config, task, device)
 
     total = config.total_steps
     metrics_path = run_dir / METRICS
@@ -335,9 +339,9 @@ def _run(config: TrainConfig, run_dir: Path, task) -> dict[str, Any]:
         best, elapsed = state.get("best_accuracy", 0.0), state.get("elapsed_s", 0.0)
     elif skipped:  # a damaged checkpoint may have been half loaded: start afresh
         torch.set_rng_state(init_rng)
-        model, optimizer = _fresh(config, task, device)
+        model, optimizer = fresh_model(config, task, device)
     step_fn = torch.compile(model) if config.compile else model
-    records = _read_metrics(metrics_path, start_step)
+    records = read_metrics(metrics_path, start_step)
     atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in records))
 
     def checkpoint(step: int) -> None:
@@ -414,19 +418,35 @@ def _run(config: TrainConfig, run_dir: Path, task) -> dict[str, Any]:
             f"({nonfinite[0]}..{nonfinite[-1]}). {_kept(latest_checkpoint(checkpoints))}"
         )
 
-    final_ckpt = latest_checkpoint(checkpoints)
+    wall_time = elapsed + time.perf_counter() - started
+    return write_result(config, run_dir, model, eval_sets, device, best, wall_time)
+
+
+def write_result(
+    config: TrainConfig,
+    run_dir: Path,
+    model: torch.nn.Module,
+    eval_sets: dict[str, Batch],
+    device: torch.device,
+    best: float,
+    wall_time: float,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Write (atomically) and return a finished run's result.json."""
+    final_ckpt = latest_checkpoint(run_dir / "checkpoints")
     result = {
         "run": run_dir.name,
         "config": to_dict(config),
-        "steps": total,
+        "steps": config.total_steps,
         "dev_accuracy": accuracy(model, eval_sets["dev"], config, device),
         "test_accuracy": accuracy(model, eval_sets["test"], config, device),
         "best_accuracy": best,
         "num_params": sum(p.numel() for p in model.parameters()),
-        "wall_time_s": round(elapsed + time.perf_counter() - started, 3),
+        "wall_time_s": round(wall_time, 3),
         "checkpoint": str(final_ckpt) if final_ckpt else None,
         "device": str(device),
         "precision": config.precision,
+        **extra,
     }
     atomic_write_json(run_dir / RESULT, result)
     return result
@@ -457,7 +477,7 @@ def measure_step_time(config: TrainConfig, steps: int = 5, warmup: int = 2) -> f
     device = resolve_device(config.device)
     task = build_task(config)
     with kernels.use_backend(config.backend):
-        model, optimizer = _fresh(config, task, device)
+        model, optimizer = fresh_model(config, task, device)
         step_fn = torch.compile(model) if config.compile else model
         data = task.sample(config.batch_size * (steps + warmup), seed=0).to(device)
         started = 0.0
