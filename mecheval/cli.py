@@ -3,7 +3,8 @@ everything here can be done from Python too.
 
     mecheval train [--config FILE] [--out DIR] [key=value ...]
     mecheval sweep FILE [--out DIR] [--executor local|ray] [--workers N] [--retries N]
-                        [--address ADDR] [--dry-run] [--only key=value ...] [key=value ...]
+                        [--address ADDR] [--dry-run] [--stack] [--only key=value ...]
+                        [key=value ...]
     mecheval data stats [--task ar|atr] [--n N] [--grammar-seeds K] [key=value ...]
     mecheval evaluate RUN_DIR|SWEEP_DIR [--device cpu] [--split dev] [--positions ...]
                       [--corruptions ...] [--seed N] [--memory-budget BYTES] [--force]
@@ -57,6 +58,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _on_gpu(device: str) -> bool:
+    from mecheval.train.config import resolve_device
+
+    return resolve_device(device).type == "cuda"
+
+
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from mecheval.sweep import EXECUTORS, estimate_sweep, load_sweep, run_sweep, select_runs
 
@@ -73,13 +80,16 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             f"{len(runs)} runs in {args.file}; measuring a few steps of each distinct model",
             flush=True,
         )
-        estimate = estimate_sweep(runs, workers=args.workers, progress=True)
+        estimate = estimate_sweep(runs, workers=args.workers, progress=True, stack=args.stack)
         for row in estimate["per_run"]:
             ms, minutes = row["step_s"] * 1e3, row["estimate_s"] / 60
             print(f"{row['run']:60s} {row['steps']:8d} steps x {ms:8.2f} ms = {minutes:8.1f} min")
         hours = estimate["estimated_wall_s"] / 3600
         runs_n = estimate["runs"]
         print(f"{runs_n} runs; estimated wall time {hours:.2f} h on {args.workers} worker(s)")
+        if any(_on_gpu(run.config.device) for run in runs):
+            gpu_hours = estimate["total_run_s"] / 3600
+            print(f"estimated GPU-hours: {gpu_hours:.2f} (from the step times measured here)")
         return 0
     table = run_sweep(
         runs,
@@ -88,6 +98,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         workers=args.workers,
         retries=args.retries,
         address=args.address,
+        stack=args.stack,
     )
     counts = table["status"].value_counts().to_dict()
     print(f"{out / 'results.parquet'}: {counts}")
@@ -179,6 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--address", help="Ray cluster address (default: start a local cluster)")
     p.add_argument("--dry-run", action="store_true", help="print grid size and estimated time")
+    p.add_argument(
+        "--stack",
+        action="store_true",
+        help="train runs that differ only in seed and optimiser settings as stacked models",
+    )
     p.add_argument(
         "--only",
         action="append",

@@ -60,13 +60,15 @@ QUICKSTART_SWEEP = {
 @dataclass
 class RunConfig:
     """The main job: a sweep spec (base + grid, as in a sweep file), how to run it (its executor,
-    workers, retries and Ray address), and how to evaluate the trained models."""
+    workers, retries and Ray address; `stack`: runs that differ only in seed and optimiser
+    settings train as stacked models), and how to evaluate the trained models."""
 
     sweep: dict = field(default_factory=lambda: QUICKSTART_SWEEP)
     executor: Executor = "local"
     workers: int = 2
     retries: int = 0
     address: str | None = None
+    stack: bool = True
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
 
 
@@ -94,6 +96,7 @@ def run_pipeline(config: RunConfig, out: str | Path, progress: bool = True) -> d
         retries=config.retries,
         address=config.address,
         progress=progress,
+        stack=config.stack,
     )
     if (table["status"] == "finished").any():
         evaluate_all(out, progress=progress, **asdict(config.evaluate))

@@ -25,36 +25,51 @@ def _model_key(c: TrainConfig) -> tuple:
     )
 
 
-def estimate_sweep(runs: list[Run], workers: int = 1, progress: bool = False) -> dict:
+def estimate_sweep(
+    runs: list[Run], workers: int = 1, progress: bool = False, stack: bool = False
+) -> dict:
     """Grid size and an estimated wall time from a measured step time per distinct model.
 
     Step times are measured once per (task, architecture, width, layers, batch, device,
-    backend, precision) and multiplied by each run's step count; the total is divided over
-    `workers`. `progress` shows a bar over the measurements.
+    backend, precision) and stack size, and multiplied by each run's step count; the total is
+    divided over `workers`. With `stack`, runs that stack (mecheval.sweep.runner.stacks) are
+    timed as one stack and each run is charged its share. `progress` shows a bar over the
+    measurements.
     """
-    from mecheval.train.loop import measure_step_time
+    from mecheval.sweep.runner import STACK_MEMORY, stacks
+    from mecheval.train import loop, stacked_loop
 
-    distinct: dict[tuple, TrainConfig] = {}
-    for run in runs:
-        distinct.setdefault(_model_key(run.config), run.config)
+    groups = stacks(runs, STACK_MEMORY) if stack else [[run] for run in runs]
+    distinct: dict[tuple, list[TrainConfig]] = {}
+    for group in groups:
+        key = (_model_key(group[0].config), len(group))
+        distinct.setdefault(key, [r.config.replace(progress=False) for r in group])
+
+    def measure(configs: list[TrainConfig]) -> float:
+        if len(configs) == 1:
+            return loop.measure_step_time(configs[0])
+        return stacked_loop.measure_stacked_step_time(configs)
+
     measured = {
-        key: measure_step_time(config.replace(progress=False))
-        for key, config in tqdm(
+        key: measure(configs)
+        for key, configs in tqdm(
             distinct.items(), desc="measuring step times", unit="model", disable=not progress
         )
     }
     rows = []
-    for run in runs:
-        c = run.config
-        step_s = measured[_model_key(c)]
-        rows.append(
-            {
-                "run": run.name,
-                "steps": c.total_steps,
-                "step_s": step_s,
-                "estimate_s": step_s * c.total_steps,
-            }
-        )
+    for group in groups:
+        step_s = measured[(_model_key(group[0].config), len(group))] / len(group)
+        for run in group:
+            c = run.config
+            rows.append(
+                {
+                    "run": run.name,
+                    "steps": c.total_steps,
+                    "step_s": step_s,
+                    "estimate_s": step_s * c.total_steps,
+                    "stack_size": len(group),
+                }
+            )
     total_s = sum(row["estimate_s"] for row in rows)
     return {
         "runs": len(runs),

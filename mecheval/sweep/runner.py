@@ -6,6 +6,10 @@ after every finished run, so a killed sweep loses no finished row and never dupl
 Rerunning the sweep skips finished runs and resumes unfinished ones from their checkpoints.
 A failing run is recorded (status "failed", with its error) without stopping the others;
 `retries` reruns it that many more times.
+
+With `stack=True`, runs that differ only in seed and optimiser settings (mecheval.train.
+stacked_loop.stack_key) train together as stacked models, up to `stack_memory` bytes of
+estimated training memory per stack; each still gets its own folder, result row and error.
 """
 
 from __future__ import annotations
@@ -27,7 +31,21 @@ from mecheval.train.config import TrainConfig, identity
 from mecheval.train.loop import RESULT, read_result, train
 
 RESULTS = "results.parquet"
+STACK_MEMORY = 4 << 30  # bytes of estimated training memory per stack
 ERROR = "error.json"
+
+
+def _outcome(run_path: Path, result: dict | BaseException) -> dict[str, Any]:
+    if isinstance(result, BaseException):
+        record = {
+            "status": "failed",
+            "error": f"{type(result).__name__}: {result}",
+            "traceback": "".join(traceback.format_exception(result)),
+        }
+        atomic_write_json(run_path / ERROR, record)
+        return record
+    (run_path / ERROR).unlink(missing_ok=True)
+    return {"status": "finished", **result}
 
 
 def run_one(config_dict: dict, run_dir: str, threads: int | None = None) -> dict[str, Any]:
@@ -37,19 +55,47 @@ def run_one(config_dict: dict, run_dir: str, threads: int | None = None) -> dict
     if threads:
         torch.set_num_threads(threads)
     config = from_dict(TrainConfig, config_dict)
-    run_path = Path(run_dir)
     try:
-        result = train(config, run_path)
-        (run_path / ERROR).unlink(missing_ok=True)
-        return {"status": "finished", **result}
+        result: dict | BaseException = train(config, Path(run_dir))
     except Exception as error:  # recorded, so that one bad run does not stop the sweep
-        record = {
-            "status": "failed",
-            "error": f"{type(error).__name__}: {error}",
-            "traceback": traceback.format_exc(),
-        }
-        atomic_write_json(run_path / ERROR, record)
-        return record
+        result = error
+    return _outcome(Path(run_dir), result)
+
+
+def run_stack(
+    config_dicts: list[dict], run_dirs: list[str], threads: int | None = None
+) -> list[dict[str, Any]]:
+    """Train runs as one stack (in a worker); returns each run's result or error, never
+    raises."""
+    import torch
+
+    from mecheval.train.stacked_loop import train_stacked
+
+    if len(config_dicts) == 1:
+        return [run_one(config_dicts[0], run_dirs[0], threads)]
+    if threads:
+        torch.set_num_threads(threads)
+    paths = [Path(d) for d in run_dirs]
+    try:
+        configs = [from_dict(TrainConfig, c) for c in config_dicts]
+        results: list = train_stacked(configs, paths)
+    except Exception as error:
+        results = [error] * len(paths)
+    return [_outcome(p, r) for p, r in zip(paths, results, strict=True)]
+
+
+def stacks(runs: list[Run], memory: int) -> list[list[Run]]:
+    """`runs` in groups that train as one stack: same `stack_key`, in the runs' order, each
+    group within `memory` bytes of estimated training memory (at least one run)."""
+    from mecheval.train.stacked_loop import stack_key, training_bytes
+
+    groups: dict[str, list[list[Run]]] = {}
+    for run in runs:
+        chunks = groups.setdefault(stack_key(run.config), [[]])
+        if chunks[-1] and training_bytes(run.config) * (len(chunks[-1]) + 1) > memory:
+            chunks.append([])
+        chunks[-1].append(run)
+    return [chunk for chunks in groups.values() for chunk in chunks]
 
 
 def _flatten(prefix: str, value: Any, out: dict) -> None:
@@ -110,10 +156,15 @@ def _kill_with_parent() -> None:
         pass
 
 
-def _run_local(pending: list[Run], out: Path, workers: int, on_done: Callable) -> None:
+def _arguments(group: list[Run], out: Path) -> tuple[list[dict], list[str]]:
+    return [to_dict(r.config) for r in group], [str((out / r.name).resolve()) for r in group]
+
+
+def _run_local(groups: list[list[Run]], out: Path, workers: int, on_done: Callable) -> None:
     if workers == 1:
-        for run in pending:
-            on_done(run, run_one(to_dict(run.config), str(out / run.name)))
+        for group in groups:
+            for run, outcome in zip(group, run_stack(*_arguments(group, out)), strict=True):
+                on_done(run, outcome)
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -122,15 +173,15 @@ def _run_local(pending: list[Run], out: Path, workers: int, on_done: Callable) -
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_kill_with_parent) as pool:
         futures = {
-            pool.submit(run_one, to_dict(run.config), str(out / run.name), threads): run
-            for run in pending
+            pool.submit(run_stack, *_arguments(group, out), threads): group for group in groups
         }
         for future in as_completed(futures):
-            on_done(futures[future], future.result())
+            for run, outcome in zip(futures[future], future.result(), strict=True):
+                on_done(run, outcome)
 
 
 def _run_ray(
-    pending: list[Run], out: Path, workers: int, on_done: Callable, address: str | None
+    groups: list[list[Run]], out: Path, workers: int, on_done: Callable, address: str | None
 ) -> None:
     import ray
 
@@ -142,15 +193,13 @@ def _run_ray(
             log_to_driver=False,
         )
     use_gpu = bool(ray.cluster_resources().get("GPU"))
-    remote = ray.remote(num_cpus=1, num_gpus=1 if use_gpu else 0, max_retries=0)(run_one)
-    refs = {
-        remote.remote(to_dict(run.config), str((out / run.name).resolve()), 1): run
-        for run in pending
-    }
+    remote = ray.remote(num_cpus=1, num_gpus=1 if use_gpu else 0, max_retries=0)(run_stack)
+    refs = {remote.remote(*_arguments(group, out), 1): group for group in groups}
     waiting = list(refs)
     while waiting:
         done, waiting = ray.wait(waiting, num_returns=1)
-        on_done(refs[done[0]], ray.get(done[0]))
+        for run, outcome in zip(refs[done[0]], ray.get(done[0]), strict=True):
+            on_done(run, outcome)
 
 
 def run_sweep(
@@ -161,9 +210,11 @@ def run_sweep(
     retries: int = 0,
     address: str | None = None,
     progress: bool = True,
+    stack: bool = False,
+    stack_memory: int = STACK_MEMORY,
 ) -> pd.DataFrame:
-    """Run every unfinished run of `runs` under `out` on `executor`; returns the results
-    table."""
+    """Run every unfinished run of `runs` under `out` on `executor` (runs that stack as
+    stacks, with `stack`); returns the results table."""
     if executor not in EXECUTORS:
         raise ConfigError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -192,9 +243,10 @@ def run_sweep(
             bar.update(1)
             bar.set_postfix(last=f"{run.name}: {outcome['status']}")
 
+        groups = stacks(pending, stack_memory) if stack else [[run] for run in pending]
         if executor == "local":
-            _run_local(pending, out, workers, on_done)
+            _run_local(groups, out, workers, on_done)
         else:
-            _run_ray(pending, out, workers, on_done, address)
+            _run_ray(groups, out, workers, on_done, address)
         bar.close()
     return write_results(runs, out)

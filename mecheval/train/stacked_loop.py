@@ -68,6 +68,28 @@ def stack_key(config: TrainConfig) -> str:
     return json.dumps(fields, sort_keys=True)
 
 
+def training_bytes(config: TrainConfig) -> int:
+    """A rough estimate of one model's training memory in a stack: weights, gradients and two
+    AdamW moments (float32), and activations kept for the backward (about 64 floats per
+    token, channel and layer)."""
+    from mecheval.models import build_model
+
+    task = validate_config(config)
+    with torch.device("meta"):
+        model = build_model(
+            config.model.arch,
+            task.vocab_size,
+            config.model.d_model,
+            config.model.n_layers,
+            max_len=task.max_document_length,
+            **config.model.options,
+        )
+    weights = sum(p.numel() for p in model.parameters())
+    m = config.model
+    tokens = config.batch_size * task.max_document_length
+    return 4 * (4 * weights + 64 * tokens * m.d_model * m.n_layers)
+
+
 @dataclass
 class _Member:
     """One run of the stack: its folder, its own model and AdamW (the checkpoint format), its
@@ -356,3 +378,36 @@ class _Loop:
             saved.append(m)
         for m in saved:
             prune_checkpoints(m.checkpoints, m.config.keep_checkpoints, done)
+
+
+def measure_stacked_step_time(configs: list[TrainConfig], steps: int = 3, warmup: int = 1) -> float:
+    """Seconds per step of the runs trained as one stack (all M models, forward, backward,
+    StackedAdamW), on their device, timed on a few sampled batches; for sweep estimates."""
+    config = configs[0]
+    device = resolve_device(config.device)
+    task = validate_config(config)
+    with kernels.use_backend(config.backend):
+        models = []
+        for c in configs:
+            torch.manual_seed(c.seed)
+            models.append(fresh_model(c, task, device)[0])
+        stack = StackedModels(models)
+        optimizer = StackedAdamW(
+            stack.params,
+            tuple(config.optim.betas),
+            config.optim.eps,
+            [c.optim.weight_decay for c in configs],
+        )
+        loop = _Loop(config, [], stack, optimizer, None, device, 0, 0.0)
+        data = task.sample(config.batch_size * (steps + warmup), seed=0).to(device)
+        started = 0.0
+        for i in range(steps + warmup):
+            if i == warmup:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                started = time.perf_counter()
+            batch = data[i * config.batch_size : (i + 1) * config.batch_size].trim()
+            loop.train_step(batch, [c.optim.lr for c in configs])
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    return (time.perf_counter() - started) / steps

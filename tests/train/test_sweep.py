@@ -205,3 +205,54 @@ def test_cli_executor_flag_and_its_deprecated_name(capsys):
 def test_an_unknown_executor_is_refused_by_name(tmp_path):
     with pytest.raises(ConfigError, match="executor must be one of"):
         run_sweep([], tmp_path, executor="dask", progress=False)
+
+
+def test_runs_that_stack_are_grouped_within_the_memory_budget():
+    from mecheval.sweep.runner import stacks
+    from mecheval.train.stacked_loop import training_bytes
+
+    runs = expand_sweep(_spec({"arch": ["attention", "mamba"], "seed": [1, 2], "lr": [1e-3, 3e-3]}))
+    groups = stacks(runs, memory=1 << 40)
+    assert sorted(len(g) for g in groups) == [4, 4]
+    assert all(len({r.config.model.arch for r in g}) == 1 for g in groups)
+    mamba = [r for r in runs if r.config.model.arch == "mamba"]
+    per_model = training_bytes(mamba[0].config)
+    assert [len(g) for g in stacks(mamba, memory=3 * per_model)] == [3, 1]
+    assert [run for g in stacks(runs, memory=1) for run in g] != []  # one run per stack at least
+
+
+def test_a_stacked_sweep_gives_every_run_its_row_and_folder(tmp_path):
+    runs = expand_sweep(_spec({"arch": ["mamba"], "seed": [1, 2], "lr": [1e-3, 3e-3]}))
+    alone = run_sweep(runs, tmp_path / "alone", progress=False)
+    stacked = run_sweep(runs, tmp_path / "stacked", progress=False, stack=True)
+    assert (stacked["status"] == "finished").all() and len(stacked) == 4
+    assert list(stacked["run"]) == list(alone["run"])
+    for run in runs:
+        result = yaml.safe_load((tmp_path / "stacked" / run.name / "result.json").read_text())
+        assert result["stack_size"] == 4
+    # Rerunning skips finished runs, stacked or not.
+    again = run_sweep(runs, tmp_path / "stacked", progress=False, stack=True)
+    pd.testing.assert_frame_equal(again, stacked)
+
+
+def test_estimate_times_a_stack_once_and_shares_it(monkeypatch):
+    from mecheval.train import loop, stacked_loop
+
+    calls = []
+    monkeypatch.setattr(loop, "measure_step_time", lambda c: calls.append(1) or 0.01)
+    monkeypatch.setattr(
+        stacked_loop, "measure_stacked_step_time", lambda cs: calls.append(len(cs)) or 0.02
+    )
+    runs = expand_sweep(_spec({"arch": ["attention", "mamba"], "seed": [1, 2]}))
+    estimate = estimate_sweep(runs, workers=1, stack=True)
+    assert sorted(calls) == [2, 2]
+    assert {r["stack_size"] for r in estimate["per_run"]} == {2}
+    assert estimate["total_run_s"] == pytest.approx(2 * 0.02 * runs[0].config.total_steps)
+
+
+def test_cli_stack_flag():
+    from mecheval.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["sweep", "grid.yaml"]).stack is False
+    assert parse(["sweep", "grid.yaml", "--stack"]).stack is True
