@@ -1,6 +1,7 @@
 """Stacked training (mecheval.train.stacked) vs one model at a time: K = 7 models (the study's
 seven learning rates) of every architecture at the study's AR shape (batch 32, L = 37, vocab
-8195, 2 layers, d_model 64), one training step each (forward, loss, backward, AdamW).
+8195, 2 layers, d_model 64, and 256 on a GPU), one training step each (forward, loss,
+backward, AdamW).
 
 "stacked" is one vmapped step of the K stacked models with StackedAdamW; "one at a time" is K
 ordinary steps with torch.optim.AdamW. Both groups train the same K models; compare their
@@ -21,16 +22,17 @@ from benchmarks.common import DEVICE, sync
 from mecheval.models import ARCHITECTURES, build_model
 from mecheval.train.stacked import StackedAdamW, StackedModels
 
-BATCH, LENGTH, VOCAB, N_LAYERS, D_MODEL = 32, 37, 8195, 2, 64
+BATCH, LENGTH, VOCAB, N_LAYERS = 32, 37, 8195, 2
+WIDTHS = (64,) if DEVICE.type != "cuda" else (64, 256)
 ARCHS = [a for a in ARCHITECTURES if not a.endswith("_long") and a != "deltanet_noconv"]
 SIZES = (7,) if DEVICE.type != "cuda" else (1, 7, 8, 64)
 LR = 1e-3
 
 
-def _models(arch: str, k: int) -> list[torch.nn.Module]:
+def _models(arch: str, d_model: int, k: int) -> list[torch.nn.Module]:
     torch.manual_seed(0)
     return [
-        build_model(arch, VOCAB, D_MODEL, N_LAYERS, max_len=LENGTH).to(DEVICE) for _ in range(k)
+        build_model(arch, VOCAB, d_model, N_LAYERS, max_len=LENGTH).to(DEVICE) for _ in range(k)
     ]
 
 
@@ -75,16 +77,18 @@ def _stacked(models):
 
 @pytest.mark.parametrize("k", SIZES)
 @pytest.mark.parametrize("impl", ["stacked", "one at a time"])
+@pytest.mark.parametrize("d_model", WIDTHS)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_stacked_step(benchmark, arch, impl, k):
+def test_stacked_step(benchmark, arch, d_model, impl, k):
     backend = "triton" if DEVICE.type == "cuda" else "torch"
     with kernels.use_backend(backend):
-        models = _models(arch, k)
+        models = _models(arch, d_model, k)
         step = (_stacked if impl == "stacked" else _one_at_a_time)(models)
-        benchmark.group = f"training step of {k} models, {arch} d{D_MODEL}"
+        benchmark.group = f"training step of {k} models, {arch} d{d_model}"
         benchmark.pedantic(step, rounds=5, iterations=1, warmup_rounds=1)
     benchmark.extra_info.update(
         arch=arch,
+        d_model=d_model,
         impl=impl,
         models=k,
         device=str(DEVICE),

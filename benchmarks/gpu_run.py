@@ -173,6 +173,7 @@ BENCHMARK_STAGES = [
         0.45,
     ),
     ("models", ["benchmarks/bench_models.py", "-k", "not compiled"], 0.5),
+    ("stacked", ["benchmarks/bench_stacked.py"], 0.4),
     (
         "compiled",
         [

@@ -209,3 +209,16 @@ def test_runs_of_other_shapes_do_not_stack(tmp_path):
     assert stack_key(configs[0]) == stack_key(configs[2]) != stack_key(other)
     with pytest.raises(ConfigError, match="do not stack"):
         train_stacked([configs[0], other], [tmp_path / "a", tmp_path / "b"])
+
+
+def test_a_compiled_stack_trains_as_the_eager_one(tmp_path):
+    """compile=true compiles the stack's forward and backward (on a GPU as CUDA graphs)."""
+    configs = [c.replace(steps=6, eval_every=0, checkpoint_every=0) for c in _configs()[:2]]
+    train_stacked(configs, [tmp_path / f"e{i}" for i in range(2)])
+    compiled = [c.replace(compile=True) for c in configs]
+    ours = train_stacked(compiled, [tmp_path / f"c{i}" for i in range(2)])
+    for i in range(2):
+        assert ours[i]["steps"] == 6
+        a, b = _weights(tmp_path / f"e{i}"), _weights(tmp_path / f"c{i}")
+        for name in a:
+            assert _relative_error(b[name], a[name]) < 1e-5, name
