@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
+
+_NO_BATCHING_RULE = "There is a performance drop because we have not yet implemented the batching"
 
 
 class StackedModels:
@@ -46,7 +49,11 @@ class StackedModels:
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Logits (M, B, V) at one position per row, every model on the same (B, L) tokens."""
         run = vmap(self._one, in_dims=(0, 0, None, None))
-        return run(self.params, self.buffers, tokens, positions)
+        with warnings.catch_warnings():
+            # CPU attention (SDPA) has no batching rule: vmap loops over the models there, and
+            # says so at every call.
+            warnings.filterwarnings("ignore", message=_NO_BATCHING_RULE, category=UserWarning)
+            return run(self.params, self.buffers, tokens, positions)
 
     def train(self, mode: bool = True) -> StackedModels:
         self.template.train(mode)
