@@ -66,7 +66,8 @@ def run_stack(
     config_dicts: list[dict], run_dirs: list[str], threads: int | None = None
 ) -> list[dict[str, Any]]:
     """Train runs as one stack (in a worker); returns each run's result or error, never
-    raises."""
+    raises. When the stack as a whole fails (a run's folder holds another config, a file is
+    damaged), each run is trained alone instead, so that one bad folder fails only its run."""
     import torch
 
     from mecheval.train.stacked_loop import train_stacked
@@ -78,9 +79,9 @@ def run_stack(
     paths = [Path(d) for d in run_dirs]
     try:
         configs = [from_dict(TrainConfig, c) for c in config_dicts]
-        results: list = train_stacked(configs, paths)
-    except Exception as error:
-        results = [error] * len(paths)
+        results = train_stacked(configs, paths)
+    except Exception:
+        return [run_one(c, d) for c, d in zip(config_dicts, run_dirs, strict=True)]
     return [_outcome(p, r) for p, r in zip(paths, results, strict=True)]
 
 

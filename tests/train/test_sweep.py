@@ -256,3 +256,14 @@ def test_cli_stack_flag():
     parse = build_parser().parse_args
     assert parse(["sweep", "grid.yaml"]).stack is False
     assert parse(["sweep", "grid.yaml", "--stack"]).stack is True
+
+
+def test_a_bad_folder_in_a_stack_fails_only_its_run(tmp_path):
+    runs = expand_sweep(_spec({"arch": ["mamba"], "seed": [1, 2]}))
+    bad = tmp_path / runs[1].name
+    bad.mkdir(parents=True)
+    (bad / "config.yaml").write_text("model: {arch: attention}\n")  # another config's run
+    table = run_sweep(runs, tmp_path, progress=False, stack=True)
+    status = dict(zip(table["run"], table["status"], strict=True))
+    assert status == {runs[0].name: "finished", runs[1].name: "failed"}
+    assert "different config" in table.set_index("run").loc[runs[1].name, "error"]
