@@ -76,14 +76,14 @@ def _stacked(models):
 
 
 @pytest.mark.parametrize("k", SIZES)
-@pytest.mark.parametrize("impl", ["stacked", "one at a time"])
+@pytest.mark.parametrize("impl", ["ours (stacked)", "one at a time"])
 @pytest.mark.parametrize("d_model", WIDTHS)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_stacked_step(benchmark, arch, d_model, impl, k):
     backend = "triton" if DEVICE.type == "cuda" else "torch"
     with kernels.use_backend(backend):
         models = _models(arch, d_model, k)
-        step = (_stacked if impl == "stacked" else _one_at_a_time)(models)
+        step = (_stacked if impl == "ours (stacked)" else _one_at_a_time)(models)
         benchmark.group = f"training step of {k} models, {arch} d{d_model}"
         benchmark.pedantic(step, rounds=5, iterations=1, warmup_rounds=1)
     benchmark.extra_info.update(
