@@ -24,8 +24,9 @@ they are chunked; `interchange_grid` runs that plan. How it is fast, and still e
   the base run before the patched position;
 - only the query position's logits are computed, and the KL and the answer's probability come
   from one log-sum-exp per row;
-- `state` sites (the recurrent state after a position) restart the scan from the patched
-  state through the kernels' initial_state (see mecheval.layers.sites.StateSite).
+- `state` sites (the recurrent state after a position) are read and patched at every row's
+  own position without splitting the scan: one scan returns every state, and a patch adds the
+  jump carried by a second, input-free scan (see mecheval.layers.sites.StateSite).
 Each cell equals one plain per-cell forward with a hook (see `per_cell_loop`), to float
 rounding; the tests check every cell.
 """
@@ -192,14 +193,14 @@ def _sources(model, plan: GridPlan, batch: Batch) -> tuple[dict, torch.Tensor]:
     source = {r.name: record[r.name] for r in ordinary}  # (n, L, C): cells index it per site
     states = [r for r in refs if r.short == "state"]
     if states and 4 * n * length * model.state_size(length) <= plan.memory_budget // 2:
-        # The state after every position, in one pass (one scan piece per position), then
+        # The state after every position, in one pass (one scan with every state), then
         # the patched positions picked out.
         with model.intervene(reads={r.name: None for r in states}) as record:
             model.forward_from(0, model.embed(batch.tokens), positions=query)
         source.update({r.name: record[r.name][example, positions] for r in states})
     elif states:
         # Too many to keep: the state after each patched position, in one pass over the
-        # stacked labels (one scan piece per distinct position, over P n rows).
+        # stacked labels (over P n rows).
         tokens = batch.tokens.repeat(len(plan.labels), 1)
         with model.intervene(reads={r.name: positions for r in states}) as record:
             model.forward_from(0, model.embed(tokens), positions=query.repeat(len(plan.labels)))
