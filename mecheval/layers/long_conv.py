@@ -57,6 +57,27 @@ def long_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return torch.fft.irfft(u_f * k_f, n=n, dim=1)[:, :L].to(dtype)
 
 
+def cached_taps(module: nn.Module, name: str, length: int, compute) -> torch.Tensor:
+    """compute(length), the taps of a filter given by `module`'s parameters, memoised while
+    no gradient is recorded: an interchange grid runs the same filter hundreds of times. The
+    memo holds the parameters it was computed from and their version counters, so an optimizer
+    step, a load_state_dict or a replaced parameter computes the taps again."""
+    params = list(module.parameters())
+    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+        return compute(length)
+    versions = tuple(p._version for p in params)
+    memo = module.__dict__.setdefault("_taps_memo", {})
+    hit = memo.get(name)
+    if hit is not None:
+        held, held_versions, held_length, taps = hit
+        same = len(held) == len(params) and all(a is b for a, b in zip(held, params, strict=True))
+        if same and held_versions == versions and held_length == length:
+            return taps
+    taps = compute(length)
+    memo[name] = (params, versions, length, taps)
+    return taps
+
+
 def resumed_long_conv(u: torch.Tensor, before: torch.Tensor | None, filter_fn) -> tuple:
     """A long convolution of inputs that follow `before` (B, P, C; None: the sequence starts
     at u): (the outputs at u's positions (B, L, C), every input so far (B, P + L, C), the
@@ -148,6 +169,9 @@ class ImplicitFilter(nn.Module):
     def forward(self, length: int) -> torch.Tensor:
         """The filter's first `length` taps, (length, C), length <= l_max."""
         _check_length(length, self.l_max)
+        return cached_taps(self, "taps", length, self._taps)
+
+    def _taps(self, length: int) -> torch.Tensor:
         h = self.implicit_filter(self.z[:length])
         return h * torch.exp(-self.t[:length] * self.deltas.abs())
 
@@ -175,7 +199,7 @@ class ImplicitLongConvolution(nn.Module):
     def filter(self, length: int) -> torch.Tensor:
         """The filter's first `length` taps, (length, C)."""
         _check_length(length, self.l_max)
-        return self.mlp(self.z[:length])
+        return cached_taps(self, "taps", length, lambda n: self.mlp(self.z[:n]))
 
     def forward(self, u: torch.Tensor, before: torch.Tensor | None = None) -> tuple:
         """u: (B, L, C), after the inputs `before` (B, P, C) or None -> (y (B, L, C), every
