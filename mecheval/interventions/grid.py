@@ -15,7 +15,8 @@ they are chunked; `interchange_grid` runs that plan. How it is fast, and still e
 - causality prunes the work: positions after the last query are never computed, and a cell whose
   patch cannot reach its row's query (a position after the query; the state after the query; a
   site after the last layer's mixer, which acts on each position alone, anywhere but at the
-  query) is not run: its result is the corrupted run's, exactly;
+  query) is not run: its result is the corrupted run's, exactly; nor is a cell before its
+  document's first corrupted token (the documents agree there: the patch is the identity);
 - a patch of a block's output restarts at the next block, which reads exactly that tensor;
 - when every mixer from the restart layer on is resumable (every mixer of the zoo: see
   mecheval.layers.resume), a cell also restarts near its position: cells are bucketed by
@@ -158,7 +159,9 @@ def interchange_grid(
     _check_vocabulary(model, batch, base_tokens)
     was_training = model.training
     model.eval()
-    plan = plan_grid(model, batch, layers, sites, positions, memory_budget=memory_budget)
+    plan = plan_grid(
+        model, batch, layers, sites, positions, corrupted=base_tokens, memory_budget=memory_budget
+    )
     try:
         outputs, p_original, p_corrupted = _run(model, plan, batch, base_tokens, progress)
     finally:
