@@ -110,3 +110,25 @@ def check_choice(op: str, name: str, value: object, choices: tuple) -> None:
 def check_range(op: str, name: str, value: int, low: int, high: int) -> None:
     if not (low <= value <= high):
         raise ValueError(f"{op}: {name} must be between {low} and {high}, got {value}")
+
+
+def check_positions(
+    op: str, positions: object, batch: int, length: int, device: torch.device
+) -> torch.Tensor:
+    """`states_at`: a (B, P) integer tensor of positions in [0, length), returned on `device`
+    as int64."""
+    bad_type = not isinstance(positions, torch.Tensor) or (
+        positions.dtype == torch.bool or positions.dtype.is_floating_point
+    )
+    if bad_type or positions.dim() != 2 or positions.shape[0] != batch:
+        raise ValueError(
+            f"{op}: states_at must be a (B, P) = ({batch}, P) integer tensor of positions, "
+            f"got {getattr(positions, 'dtype', type(positions).__name__)} of shape "
+            f"{tuple(getattr(positions, 'shape', ()))}"
+        )
+    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= length):
+        raise ValueError(
+            f"{op}: states_at must lie in [0, {length - 1}], got values in "
+            f"[{int(positions.min())}, {int(positions.max())}]"
+        )
+    return positions.to(device=device, dtype=torch.long)

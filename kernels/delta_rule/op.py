@@ -15,10 +15,10 @@ from typing import NamedTuple
 
 import torch
 
-from kernels._op import Op, compute_dtype
+from kernels._op import Op, compute_dtype, needs_grad
 from kernels.delta_rule.reference import l2_normalize
 from kernels.stacking import fold_into, unfold_from
-from kernels.validation import check_range, check_tensor
+from kernels.validation import check_positions, check_range, check_tensor
 
 MAX_HEAD_DIM = 256
 # The Triton backend runs the fused recurrent kernel for T <= this, the chunked kernels above.
@@ -99,8 +99,9 @@ def chunk_delta_rule(
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     *,
+    states_at: torch.Tensor | None = None,
     backend: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, ...]:
     """The delta rule (DeltaNet), drop-in for `fla.ops.delta_rule.chunk_delta_rule`.
 
     Per batch row and head, with a (K, V) state S:
@@ -117,11 +118,17 @@ def chunk_delta_rule(
         output_final_state: also return the state after the last step.
         use_qk_l2norm_in_kernel: L2-normalise q and k over K (per token and head) inside the
             op, gradients included.
+        states_at: (ours) optional (B, P) integer positions: also return the state after
+            steps states_at[b, :] of each row b, from the same one pass (every state:
+            `torch.arange(T).expand(B, T)`), for reading or patching states at many positions.
+            Without gradients it runs the PyTorch path, on any device; when a gradient is
+            needed, one call per step (slow, exact).
         backend: "auto", "triton" or "torch"; None uses the process default (kernels.backend).
 
     Returns:
         o (B, T, H, V) in q's dtype, and the final state (B, H, K, V) in float32 (float64 for
-        float64 inputs) or None.
+        float64 inputs) or None; with `states_at`, a third element, the states
+        (B, P, H, K, V) in the final state's dtype.
     """
     chosen = OP.check(backend, q=q, k=k, v=v, beta=beta, scale=scale, initial_state=initial_state)
     T, K = q.shape[1], q.shape[3]
@@ -133,5 +140,30 @@ def chunk_delta_rule(
     a = DeltaArgs(
         q, k, v, beta, initial_state, scale, bool(output_final_state), kernel_for(chosen, T)
     )
+    if states_at is not None:
+        at = check_positions(OP.public, states_at, q.shape[0], T, q.device)
+        if needs_grad(a):
+            o, final, states = _states_by_steps(a, chosen)
+            states = states[torch.arange(len(at), device=at.device)[:, None], at]
+        else:
+            o, final, states = OP.implementation("torch").forward_states_at(a, at)
+        return o, (final if output_final_state else None), states
     o, final, *_ = OP(a, chosen)
     return o, (final if output_final_state else None)
+
+
+def _states_by_steps(a: DeltaArgs, backend: str) -> tuple:
+    """(o, final, states (B, T, H, K, V)) with gradients: one call per step, each from the
+    state the previous one left (q and k are already normalised)."""
+    outs, states, state = [], [], a.initial_state
+    for t in range(a.q.shape[1]):
+        o, state = chunk_delta_rule(
+            *(x[:, t : t + 1] for x in (a.q, a.k, a.v, a.beta)),
+            scale=a.scale,
+            initial_state=state,
+            output_final_state=True,
+            backend=backend,
+        )
+        outs.append(o)
+        states.append(state)
+    return torch.cat(outs, dim=1), state, torch.stack(states, dim=1)

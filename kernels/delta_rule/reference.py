@@ -30,11 +30,14 @@ def delta_rule_ref(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    states_at: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ...]:
     """q, k (B, T, H, K); v (B, T, H, V); beta (B, T, H); initial_state (B, H, K, V).
 
     Computes in float32 (float64 stays float64). Returns o (B, T, H, V) in q's dtype and, with
-    `output_final_state`, the state after the last step (B, H, K, V) in the compute dtype.
+    `output_final_state`, the state after the last step (B, H, K, V) in the compute dtype (else
+    None), then, with `states_at` (B, P) integer, the states after steps states_at[b, :] of each
+    row b, (B, P, H, K, V).
     """
     out_dtype = q.dtype
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -46,12 +49,17 @@ def delta_rule_ref(
     if use_qk_l2norm_in_kernel:
         q, k = l2_normalize(q), l2_normalize(k)
     S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(compute)
-    outputs = []
+    outputs, states = [], []
     for t in range(T):
         k_t, v_t, q_t, beta_t = k[:, t], v[:, t], q[:, t], beta[:, t, :, None]
         recalled = torch.einsum("bhk,bhkv->bhv", k_t, S)
         u_t = beta_t * (v_t - recalled)
         S = S + k_t[..., :, None] * u_t[..., None, :]
         outputs.append(torch.einsum("bhk,bhkv->bhv", scale * q_t, S))
+        states.append(S)
     o = torch.stack(outputs, dim=1).to(out_dtype)
+    if states_at is not None:
+        rows = torch.arange(B, device=q.device)[:, None]
+        picked = torch.stack(states, dim=1)[rows, states_at.to(q.device)]
+        return o, (S if output_final_state else None), picked
     return o, (S if output_final_state else None)

@@ -105,6 +105,33 @@ def forward(args: DeltaArgs) -> tuple[torch.Tensor, ...]:
     return o, (state if args.output_final_state else None), u, h, a
 
 
+# Up to this many positions per row, their states are formed one by one (a masked matmul
+# each); more, and every state of the sequence is formed (a cumulative sum) and picked from.
+FEW_POSITIONS = 4
+
+
+def forward_states_at(args: DeltaArgs, at: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(o, the final state, the states after steps at[b, :] of each row b (B, P, H, K, V) in the
+    compute dtype), without gradients. Inside a chunk the state after step j is the chunk's
+    start state plus K[:j+1]^T U[:j+1], the chunk's rank-one writes up to j."""
+    o, final, u, h, _ = forward(args._replace(output_final_state=True))
+    T = args.q.shape[1]
+    chunk, n = _chunking(T)
+    kc = _to_chunks(args.k.to(h.dtype), chunk, n)  # (n, B, H, C, K)
+    B, P = at.shape
+    rows = torch.arange(B, device=at.device)[:, None]
+    if P > FEW_POSITIONS:
+        states = (kc[..., :, None] * u[..., None, :]).cumsum(3)  # (n, B, H, C, K, V)
+        states += h[:, :, :, None]
+        H, K, V = h.shape[2:]
+        states = states.permute(1, 0, 3, 2, 4, 5).reshape(B, n * chunk, H, K, V)
+        return o, final, states[rows, at]
+    c, j = at // chunk, at % chunk  # (B, P): each position's chunk and step in it
+    written = torch.arange(chunk, device=at.device) <= j[..., None]  # (B, P, C)
+    keys = kc[c, rows] * written[:, :, None, :, None].to(h.dtype)  # (B, P, H, C, K)
+    return o, final, h[c, rows] + keys.transpose(-1, -2) @ u[c, rows]
+
+
 def backward(args: DeltaArgs, grads: tuple, saved: tuple) -> list[torch.Tensor | None]:
     """Gradients (dq, dk, dv, dbeta, dinitial_state) in the compute dtype; None for an absent
     initial_state."""

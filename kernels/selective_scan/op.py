@@ -15,7 +15,13 @@ import torch
 
 from kernels._op import Op, compute_dtype, needs_grad
 from kernels.stacking import fold_into, unfold_from
-from kernels.validation import check_choice, check_range, check_tensor, check_tensor_layouts
+from kernels.validation import (
+    check_choice,
+    check_positions,
+    check_range,
+    check_tensor,
+    check_tensor_layouts,
+)
 
 MAX_STATE = 256
 BC_LAYOUTS = ("D N", "B N L", "B G N L")
@@ -124,8 +130,9 @@ def selective_scan_fn(
     return_last_state: bool = False,
     initial_state: torch.Tensor | None = None,
     *,
+    states_at: torch.Tensor | None = None,
     backend: str | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """Mamba's selective scan, drop-in for mamba_ssm's `selective_scan_fn`.
 
         dt  = softplus(delta + delta_bias) if delta_softplus else delta + delta_bias
@@ -147,10 +154,16 @@ def selective_scan_fn(
         initial_state: optional (B, D, N), the state before position 0 (ours); gradients flow
             to it, and through the returned last state, so a scan split at any position and
             resumed from the carried state equals one scan.
+        states_at: (ours) optional (B, P) integer positions: also return the state after
+            positions states_at[b, :] of each row b, from the same one scan (every state:
+            `torch.arange(L).expand(B, L)`), for reading or patching states at many positions.
+            Without gradients it runs the PyTorch path, on any device (the Triton kernels keep
+            the state on chip); when a gradient is needed, one call per position (slow, exact).
         backend: "auto", "triton" or "torch"; None uses the process default (kernels.backend).
 
     Returns:
-        out (B, D, L) in u's dtype and memory layout, or (out, last_state (B, D, N) float32).
+        out (B, D, L) in u's dtype and memory layout, then last_state (B, D, N) float32 if
+        `return_last_state`, then the states (B, P, D, N) float32 if `states_at` is given.
     """
     tensors = dict(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias)
     chosen = OP.check(backend, **tensors, initial_state=initial_state, softplus=delta_softplus)
@@ -160,8 +173,37 @@ def selective_scan_fn(
         softplus=bool(delta_softplus),
         save_checkpoints=False,
     )
+    if states_at is not None:
+        at = check_positions(OP.public, states_at, u.shape[0], u.shape[-1], u.device)
+        if needs_grad(a):
+            out, last_state, states = _states_by_steps(a, chosen)
+            states = states[torch.arange(len(at), device=at.device)[:, None], at]
+        else:
+            out, last_state, states = OP.implementation("torch").forward_states_at(a, at)
+        return (out, last_state, states) if return_last_state else (out, states)
     # The backward's checkpoints only when autograd will ask for a backward.
     out, last_state, _ = OP(a._replace(save_checkpoints=needs_grad(a)), chosen)
     if not return_last_state:
         return out
     return out, last_state
+
+
+def _states_by_steps(a: ScanArgs, backend: str) -> tuple:
+    """(out, last_state, states (B, L, D, N)) with gradients: one scan call per position, each
+    from the state the previous one left."""
+    outs, states, state = [], [], a.initial_state
+    for t in range(a.u.shape[-1]):
+        at = lambda x: x if x is None or x.dim() == 2 else x[..., t : t + 1]  # noqa: B023, E731
+        out, state = selective_scan_fn(
+            *(at(x) for x in (a.u, a.delta, a.A, a.B, a.C)),
+            a.D,
+            at(a.z),
+            a.delta_bias,
+            a.softplus,
+            True,
+            state,
+            backend=backend,
+        )
+        outs.append(out)
+        states.append(state)
+    return torch.cat(outs, dim=-1), state, torch.stack(states, dim=1)

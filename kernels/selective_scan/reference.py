@@ -39,12 +39,15 @@ def selective_scan_ref(
     delta_softplus: bool = False,
     return_last_state: bool = False,
     initial_state: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    states_at: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """u, delta, z (B, D, L); A (D, N); B, C (D, N) | (B, N, L) | (B, G, N, L); D, delta_bias (D,);
     initial_state (B, D, N).
 
-    Computes in float32 (float64 stays float64); returns out (B, D, L) in u's dtype and, with
-    `return_last_state`, the state after the last position, (B, D, N) in float32.
+    Computes in float32 (float64 stays float64); returns out (B, D, L) in u's dtype, then, with
+    `return_last_state`, the state after the last position, (B, D, N) in float32, then, with
+    `states_at` (B, P) integer, the states after positions states_at[b, :] of each row b,
+    (B, P, D, N) in float32.
     """
     compute = torch.float64 if u.dtype == torch.float64 else torch.float32
     batch, channels, length = u.shape
@@ -60,17 +63,21 @@ def selective_scan_ref(
         h = u.new_zeros(batch, channels, A.shape[1], dtype=compute)
     else:
         h = initial_state.to(compute)
-    ys = []
+    ys, states = [], []
     for t in range(length):
         dt_t = dt[:, :, t, None]  # (B, D, 1)
         h = torch.exp(dt_t * A_c) * h + dt_t * _at(B_c, t, channels) * u_c[:, :, t, None]
         ys.append((h * _at(C_c, t, channels)).sum(-1))
+        states.append(h)
     out = torch.stack(ys, dim=-1)  # (B, D, L)
     if D is not None:
         out = out + D.to(compute)[:, None] * u_c
     if z is not None:
         out = out * F.silu(z.to(compute))
-    out = out.to(u.dtype)
-    if not return_last_state:
-        return out
-    return out, h
+    result = (out.to(u.dtype),)
+    if return_last_state:
+        result += (h,)
+    if states_at is not None:
+        rows = torch.arange(batch, device=u.device)[:, None]
+        result += (torch.stack(states, dim=1)[rows, states_at.to(u.device)],)
+    return result[0] if len(result) == 1 else result

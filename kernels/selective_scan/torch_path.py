@@ -184,17 +184,33 @@ def _chunk_buffers(count: int, T: int, like: torch.Tensor, N: int, compute: torc
 def forward(a: ScanArgs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out (B, D, L) in u's dtype and layout, last_state (B, D, N), checkpoints (K, B, D, N));
     K = 0 when not `save_checkpoints` (no backward will run: inference)."""
+    out, last_state, checkpoints, _ = _forward(a, None)
+    return out, last_state, checkpoints
+
+
+def forward_states_at(a: ScanArgs, at: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(out, last_state, the states after positions at[b, :] of each row b (B, P, D, N) in the
+    compute dtype), without gradients: each chunk of the scan picks the states it computes."""
+    out, last_state, _, states = _forward(a._replace(save_checkpoints=False), at)
+    return out, last_state, states
+
+
+def _forward(a: ScanArgs, at: torch.Tensor | None):
     batch, channels, length = a.u.shape
     N = a.A.shape[1]
     T = chunk_length(batch, channels, N, length)
-    parts = [_forward_rows(_rows_of(a, rows), T) for rows in _tiles(batch, channels, N, length)]
+    parts = [
+        _forward_rows(_rows_of(a, rows), T, None if at is None else at[rows])
+        for rows in _tiles(batch, channels, N, length)
+    ]
     if len(parts) == 1:
-        out, last_state, checkpoints = parts[0]
+        out, last_state, checkpoints, states = parts[0]
     else:
         out = torch.cat([p[0] for p in parts])
         last_state = torch.cat([p[1] for p in parts])
         checkpoints = torch.cat([p[2] for p in parts], dim=1)
-    return match_layout(out, a.u, a.u.dtype), last_state, checkpoints
+        states = None if at is None else torch.cat([p[3] for p in parts])
+    return match_layout(out, a.u, a.u.dtype), last_state, checkpoints, states
 
 
 class _Chunked(NamedTuple):
@@ -220,8 +236,9 @@ def _chunked(a: ScanArgs, compute: torch.dtype) -> _Chunked:
     return _Chunked(dt, pre, u, _time_major(dt), _time_major(u), a.A.to(compute), B_t, C_t)
 
 
-def _forward_rows(args: ScanArgs, T: int):
-    """`forward` for one tile of rows, in chunks of T positions; out in the compute dtype."""
+def _forward_rows(args: ScanArgs, T: int, at: torch.Tensor | None = None):
+    """`forward` for one tile of rows, in chunks of T positions; out in the compute dtype.
+    `at`: (rows, P) positions whose states to return as a fourth output (else None)."""
     compute = compute_dtype(args.u)
     u, B, C, D, z, save = args.u, args.B, args.C, args.D, args.z, args.save_checkpoints
     batch, channels, length = u.shape
@@ -236,6 +253,7 @@ def _forward_rows(args: ScanArgs, T: int):
         state.copy_(args.initial_state)
     y = u.new_empty(length, batch, channels, dtype=compute)
     a_buf, h_buf = _chunk_buffers(2, T, u, N, compute)
+    picked = None if at is None else u.new_empty(*at.shape, channels, N, dtype=compute)
     for c in range(n_chunks):
         t0, t1 = c * T, min(length, (c + 1) * T)
         a, hs = a_buf[: t1 - t0], h_buf[: t1 - t0]
@@ -243,6 +261,9 @@ def _forward_rows(args: ScanArgs, T: int):
             checkpoints[c].copy_(state)
         _scan_chunk(dt_t[t0:t1], u_t[t0:t1], A_c, _chunk(B_c, t0, t1), B, state, a, hs)
         y[t0:t1] = _inner(hs, _chunk(C_c, t0, t1), C)
+        if at is not None:  # the (row, j) pairs whose position lies in this chunk
+            rows, j = ((at >= t0) & (at < t1)).nonzero(as_tuple=True)
+            picked[rows, j] = hs[at[rows, j] - t0, rows]
         state.copy_(hs[-1])  # the buffers are overwritten by the next chunk
     last_state = state
 
@@ -251,7 +272,7 @@ def _forward_rows(args: ScanArgs, T: int):
         out.addcmul_(D.to(compute)[:, None], u_c)
     if z is not None:
         out.mul_(F.silu(z.to(compute)))
-    return out, last_state, checkpoints
+    return out, last_state, checkpoints, picked
 
 
 def _from_time_major_bdl(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,8 @@ they are chunked; `interchange_grid` runs that plan. How it is fast, and still e
 - causality prunes the work: positions after the last query are never computed, and a cell whose
   patch cannot reach its row's query (a position after the query; the state after the query; a
   site after the last layer's mixer, which acts on each position alone, anywhere but at the
-  query) is not run: its result is the corrupted run's, exactly;
+  query) is not run: its result is the corrupted run's, exactly; nor is a cell before its
+  document's first corrupted token (the documents agree there: the patch is the identity);
 - a patch of a block's output restarts at the next block, which reads exactly that tensor;
 - when every mixer from the restart layer on is resumable (every mixer of the zoo: see
   mecheval.layers.resume), a cell also restarts near its position: cells are bucketed by
@@ -24,8 +25,9 @@ they are chunked; `interchange_grid` runs that plan. How it is fast, and still e
   the base run before the patched position;
 - only the query position's logits are computed, and the KL and the answer's probability come
   from one log-sum-exp per row;
-- `state` sites (the recurrent state after a position) restart the scan from the patched
-  state through the kernels' initial_state (see mecheval.layers.sites.StateSite).
+- `state` sites (the recurrent state after a position) are read and patched at every row's
+  own position without splitting the scan: one scan returns every state, and a patch adds the
+  jump carried by a second, input-free scan (see mecheval.layers.sites.StateSite).
 Each cell equals one plain per-cell forward with a hook (see `per_cell_loop`), to float
 rounding; the tests check every cell.
 """
@@ -157,7 +159,9 @@ def interchange_grid(
     _check_vocabulary(model, batch, base_tokens)
     was_training = model.training
     model.eval()
-    plan = plan_grid(model, batch, layers, sites, positions, memory_budget=memory_budget)
+    plan = plan_grid(
+        model, batch, layers, sites, positions, corrupted=base_tokens, memory_budget=memory_budget
+    )
     try:
         outputs, p_original, p_corrupted = _run(model, plan, batch, base_tokens, progress)
     finally:
@@ -192,14 +196,14 @@ def _sources(model, plan: GridPlan, batch: Batch) -> tuple[dict, torch.Tensor]:
     source = {r.name: record[r.name] for r in ordinary}  # (n, L, C): cells index it per site
     states = [r for r in refs if r.short == "state"]
     if states and 4 * n * length * model.state_size(length) <= plan.memory_budget // 2:
-        # The state after every position, in one pass (one scan piece per position), then
+        # The state after every position, in one pass (one scan with every state), then
         # the patched positions picked out.
         with model.intervene(reads={r.name: None for r in states}) as record:
             model.forward_from(0, model.embed(batch.tokens), positions=query)
         source.update({r.name: record[r.name][example, positions] for r in states})
     elif states:
         # Too many to keep: the state after each patched position, in one pass over the
-        # stacked labels (one scan piece per distinct position, over P n rows).
+        # stacked labels (over P n rows).
         tokens = batch.tokens.repeat(len(plan.labels), 1)
         with model.intervene(reads={r.name: positions for r in states}) as record:
             model.forward_from(0, model.embed(tokens), positions=query.repeat(len(plan.labels)))

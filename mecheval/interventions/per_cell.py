@@ -59,7 +59,7 @@ def per_cell_loop(
         for label in labels:
             where = resolve_position(label, batch)
             if ref.short == "state":
-                # No hook reaches inside a scan: split the scan through the model's own API,
+                # No hook reaches inside a scan: read and patch it through the model's own API,
                 # still one full forward (from the embedding) per cell.
                 with model.intervene(reads={ref.name: where}) as record:
                     model(batch.tokens)

@@ -8,6 +8,9 @@ label, document); cells are stacked label-major, so cell i patches document exam
 position positions[i]. What a plan prunes and reuses:
 - positions after the last query are never computed (`needed`);
 - a cell whose patch cannot reach its document's query is not run (`reaches_query`);
+- given the corrupted documents, a cell before its document's first corrupted token is not run
+  either: the two documents agree there, so source and base activations (and states) agree and
+  the patch is the identity (`before_corruption`);
 - a cell restarts at its site's block (the next one for block_output), and, when every mixer
   from there on resumes (mecheval.layers.resume), at the resume point at or before its
   position (`points`), from the base run's contexts there;
@@ -78,6 +81,17 @@ def reaches_query(ref: SiteRef, positions: torch.Tensor, query: torch.Tensor, la
     if ref.layer == last_layer and ref.short in AFTER_MIXER:
         return positions == query
     return positions <= query
+
+
+def before_corruption(
+    positions: torch.Tensor, tokens: torch.Tensor, corrupted: torch.Tensor, example: torch.Tensor
+) -> torch.Tensor:
+    """Cells whose position lies before their document's first token that the corruption
+    changed (a causal model computes the same activations there from both documents)."""
+    differs = tokens != corrupted
+    length = tokens.shape[1]
+    first = torch.where(differs.any(1), differs.int().argmax(1), length)
+    return positions < first[example]
 
 
 # Cells are bucketed by position into at most this many resume points: each bucket is one more
@@ -159,10 +173,12 @@ def plan_grid(
     sites=None,
     positions=None,
     *,
+    corrupted: torch.Tensor | None = None,
     memory_budget: int = 1 << 30,
 ) -> GridPlan:
-    """The plan `interchange_grid` runs for these arguments (the same ones, without the
-    corrupted documents, which the plan does not depend on)."""
+    """The plan `interchange_grid` runs for these arguments (the same ones; the corrupted
+    documents, keyword here, only prune the cells before each document's corruption: without
+    them the plan counts those cells as run)."""
     check_batch(batch)
     device = next(model.parameters()).device
     batch = batch.to(device)
@@ -177,9 +193,14 @@ def plan_grid(
     if _resumable(model, 0):
         points = _resume_points(model, all_positions, needed, n, memory_budget)
     last_layer = len(model.layers) - 1
+    identity = torch.zeros_like(all_positions, dtype=torch.bool)
+    if corrupted is not None:
+        corrupted = torch.as_tensor(corrupted, device=device)
+        identity = before_corruption(all_positions, batch.tokens, corrupted, example)
     plans = []
     for ref in select_sites(model, layers, sites):
-        live = reaches_query(ref, all_positions, query[example], last_layer).nonzero()[:, 0]
+        reaches = reaches_query(ref, all_positions, query[example], last_layer)
+        live = (reaches & ~identity).nonzero()[:, 0]
         starts = torch.zeros_like(live)
         if points:
             table = torch.tensor(points, device=device)

@@ -153,22 +153,36 @@ class DeltaNet(nn.Module):
             beta = beta * 2
         l2 = self.qk_norm == "l2"
 
-        def run_segment(start: int, stop: int, initial_state: torch.Tensor | None):
-            t = slice(start, stop)
+        def run_scan(initial_state: torch.Tensor | None, at: torch.Tensor | None = None):
             return kernels.chunk_delta_rule(
-                q[:, t],
-                k[:, t],
-                v[:, t],
-                beta[:, t],
+                q,
+                k,
+                v,
+                beta,
                 initial_state=initial_state,
                 output_final_state=True,
                 use_qk_l2norm_in_kernel=l2,
-            )
+                states_at=at,
+            ) + ((None,) if at is None else ())
+
+        def carry(jump: torch.Tensor, after: torch.Tensor, at: torch.Tensor | None):
+            # No values (v = 0) and no writes (beta = 0) where `after` is False: the jump
+            # waits there, then is rewritten as the state is.
+            return kernels.chunk_delta_rule(
+                q,
+                k,
+                torch.zeros_like(v),
+                beta * after[..., None],
+                initial_state=jump,
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=l2,
+                states_at=at,
+            ) + ((None,) if at is None else ())
 
         if self.state.active:
-            o, final = self.state.scan(run_segment, length, batch, 1, initial_state=context[3])
+            o, final = self.state.scan(run_scan, carry, length, batch, 1, initial_state=context[3])
         elif resume is not None:
-            o, final = run_segment(0, length, context[3])
+            o, final, _ = run_scan(context[3])
         else:
             o, _ = kernels.chunk_delta_rule(q, k, v, beta, use_qk_l2norm_in_kernel=l2)
         if resume is not None:

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import nn
 
-from mecheval.layers.long_conv import resumed_long_conv
+from mecheval.layers.long_conv import cached_taps, resumed_long_conv
 from mecheval.layers.resume import Resume
 from mecheval.layers.sites import Site
 
@@ -117,6 +117,10 @@ class H3(nn.Module):
         K = 2 * (terms * decay).sum(1)  # (H, length)
         return K.transpose(0, 1)
 
+    def _diagonal_taps(self, length: int) -> torch.Tensor:
+        """The diagonal kernel per (head, i, j) channel, (length, H head_dim^2)."""
+        return self.diagonal_kernel(length).repeat_interleave(self.head_dim**2, dim=1)
+
     def forward(self, u: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
         """u: (B, L, d_model) -> (B, L, d_model)."""
         B, L, d = u.shape
@@ -126,18 +130,25 @@ class H3(nn.Module):
         )
         q, k, v = self.q_proj(u), self.k_proj(u), self.v_proj(u)
         k = self.conv_input(k)
-        shifted, k_inputs = resumed_long_conv(k, k_before, self.shift_kernel)
+        shifted, k_inputs = resumed_long_conv(
+            k, k_before, lambda n: cached_taps(self, "shift", n, self.shift_kernel)
+        )
         k = self.conv_output(shifted + k * self.shift_D)
         kv = k.view(B, L, H, P, 1) * v.view(B, L, H, 1, P)  # (B, L, H, i, j)
         kv = self.long_conv_input(kv.reshape(B, L, H * P * P))
         y, kv_inputs = resumed_long_conv(
-            kv, kv_before, lambda n: self.diagonal_kernel(n).repeat_interleave(P * P, dim=1)
+            kv, kv_before, lambda n: cached_taps(self, "diagonal", n, self._diagonal_taps)
         )
         if resume is not None:
             resume.state = (k_inputs, kv_inputs)
         y = y + kv * self.D.repeat_interleave(P * P)
         y = self.long_conv_output(y).view(B, L, H, P, P)
-        o = (q.view(B, L, H, P, 1) * y).sum(3)  # (B, L, H, j)
+        # o[..., j] = sum_i q_i y[..., i, j], as P multiply-adds: a reduction over the short
+        # axis i costs several times more (H3's head_dim is 2).
+        q = q.view(B, L, H, P)
+        o = q[..., 0, None] * y[..., 0, :]  # (B, L, H, j)
+        for i in range(1, P):
+            o = o + q[..., i, None] * y[..., i, :]
         return self.output_linear(o.reshape(B, L, d))
 
     def context_size(self, sequence_length: int) -> int:

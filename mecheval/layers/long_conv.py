@@ -25,7 +25,7 @@ from torch import nn
 DIRECT_MAX_LEN = 128
 
 
-def long_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def long_causal_conv(u: torch.Tensor, k: torch.Tensor, last: int | None = None) -> torch.Tensor:
     """Causal convolution along time, per channel.
 
     y[b, t, c] = sum_{s = 0..t} k[s, c] * u[b, t - s, c].
@@ -33,11 +33,14 @@ def long_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     Args:
         u: (B, L, C).
         k: (K, C) filter, K >= 1; taps beyond L are ignored, missing taps count as zero.
+        last: compute only the last `last` outputs (None: all L); a resumed segment needs
+            only its own positions.
 
     Returns:
-        y (B, L, C) in u's dtype (computed in float32, or float64 for float64 inputs).
+        y (B, last or L, C) in u's dtype (computed in float32, or float64 for float64 inputs).
     """
     L, dtype = u.shape[1], u.dtype
+    first = 0 if last is None else L - last
     compute = torch.float64 if dtype == torch.float64 else torch.float32
     k = k[:L].to(compute)
     if k.shape[0] < L:
@@ -48,13 +51,35 @@ def long_causal_conv(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         lag = pos[None, :] - pos[:, None]  # [s, t] -> t - s
         # toeplitz[c, s, t] = k[t - s, c] for s <= t, else 0; contiguous operands keep bmm on
         # its batched path.
-        toeplitz = k.t()[:, lag.clamp(min=0)].masked_fill(lag < 0, 0.0)  # (C, L, L)
-        y = torch.bmm(u.permute(2, 0, 1).contiguous(), toeplitz)  # (C, B, L)
+        lag = lag[:, first:]  # only the outputs asked for
+        toeplitz = k.t()[:, lag.clamp(min=0)].masked_fill(lag < 0, 0.0)  # (C, L, L - first)
+        y = torch.bmm(u.permute(2, 0, 1).contiguous(), toeplitz)  # (C, B, L - first)
         return y.permute(1, 2, 0).to(dtype)
     n = 2 * L  # >= L + K - 1: no circular wrap-around into the first L outputs
     u_f = torch.fft.rfft(u, n=n, dim=1)
     k_f = torch.fft.rfft(k, n=n, dim=0)
-    return torch.fft.irfft(u_f * k_f, n=n, dim=1)[:, :L].to(dtype)
+    return torch.fft.irfft(u_f * k_f, n=n, dim=1)[:, first:L].to(dtype)
+
+
+def cached_taps(module: nn.Module, name: str, length: int, compute) -> torch.Tensor:
+    """compute(length), the taps of a filter given by `module`'s parameters, memoised while
+    no gradient is recorded: an interchange grid runs the same filter hundreds of times. The
+    memo holds the parameters it was computed from and their version counters, so an optimizer
+    step, a load_state_dict or a replaced parameter computes the taps again."""
+    params = list(module.parameters())
+    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+        return compute(length)
+    versions = tuple(p._version for p in params)
+    memo = module.__dict__.setdefault("_taps_memo", {})
+    hit = memo.get(name)
+    if hit is not None:
+        held, held_versions, held_length, taps = hit
+        same = len(held) == len(params) and all(a is b for a, b in zip(held, params, strict=True))
+        if same and held_versions == versions and held_length == length:
+            return taps
+    taps = compute(length)
+    memo[name] = (params, versions, length, taps)
+    return taps
 
 
 def resumed_long_conv(u: torch.Tensor, before: torch.Tensor | None, filter_fn) -> tuple:
@@ -63,7 +88,7 @@ def resumed_long_conv(u: torch.Tensor, before: torch.Tensor | None, filter_fn) -
     context for the next segment). `filter_fn(length)` gives the filter's taps. The
     convolution runs over the whole sequence so far, so its outputs are one run's."""
     full = u if before is None else torch.cat([before.to(u.dtype), u], dim=1)
-    return long_causal_conv(full, filter_fn(full.shape[1]))[:, -u.shape[1] :], full
+    return long_causal_conv(full, filter_fn(full.shape[1]), last=u.shape[1]), full
 
 
 def positional_encoding(l_max: int, emb_dim: int = 3) -> torch.Tensor:
@@ -148,6 +173,9 @@ class ImplicitFilter(nn.Module):
     def forward(self, length: int) -> torch.Tensor:
         """The filter's first `length` taps, (length, C), length <= l_max."""
         _check_length(length, self.l_max)
+        return cached_taps(self, "taps", length, self._taps)
+
+    def _taps(self, length: int) -> torch.Tensor:
         h = self.implicit_filter(self.z[:length])
         return h * torch.exp(-self.t[:length] * self.deltas.abs())
 
@@ -175,7 +203,7 @@ class ImplicitLongConvolution(nn.Module):
     def filter(self, length: int) -> torch.Tensor:
         """The filter's first `length` taps, (length, C)."""
         _check_length(length, self.l_max)
-        return self.mlp(self.z[:length])
+        return cached_taps(self, "taps", length, lambda n: self.mlp(self.z[:n]))
 
     def forward(self, u: torch.Tensor, before: torch.Tensor | None = None) -> tuple:
         """u: (B, L, C), after the inputs `before` (B, P, C) or None -> (y (B, L, C), every

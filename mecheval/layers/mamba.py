@@ -161,26 +161,43 @@ class Mamba(nn.Module):
         A = -torch.exp(self.A_log.float())
         D, delta_bias = self.D.float(), self.dt_proj.bias.float()
 
-        def run_segment(start: int, stop: int, initial_state: torch.Tensor | None):
-            t = slice(start, stop)
+        def run_scan(initial_state: torch.Tensor | None, at: torch.Tensor | None = None):
             return kernels.selective_scan_fn(
-                u[..., t],
-                delta[..., t],
+                u,
+                delta,
                 A,
-                B[..., t],
-                C[..., t],
+                B,
+                C,
                 D,
-                z=z[..., t],
+                z=z,
                 delta_bias=delta_bias,
                 delta_softplus=True,
                 return_last_state=True,
                 initial_state=initial_state,
-            )
+                states_at=at,
+            ) + ((None,) if at is None else ())
+
+        def carry(jump: torch.Tensor, after: torch.Tensor, at: torch.Tensor | None):
+            # No inputs (u = 0) and no decay (dt = 0) where `after` is False: the jump waits
+            # there, then decays as the state does.
+            dt = F.softplus(delta.float() + delta_bias[:, None]) * after[:, None, :]
+            zero = torch.zeros_like(u)
+            return kernels.selective_scan_fn(
+                zero,
+                dt,
+                A,
+                B,
+                C,
+                z=z,
+                return_last_state=True,
+                initial_state=jump,
+                states_at=at,
+            ) + ((None,) if at is None else ())
 
         if self.state.active:
-            y, ssm_out = self.state.scan(run_segment, length, batch, -1, initial_state=ssm_in)
+            y, ssm_out = self.state.scan(run_scan, carry, length, batch, -1, initial_state=ssm_in)
         elif resume is not None:
-            y, ssm_out = run_segment(0, length, ssm_in)
+            y, ssm_out, _ = run_scan(ssm_in)
         else:
             y = kernels.selective_scan_fn(
                 u, delta, A, B, C, D, z=z, delta_bias=delta_bias, delta_softplus=True

@@ -135,22 +135,36 @@ def _apply(plan: SitePlan, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-# run_segment(start, stop, initial_state) -> (outputs for positions start..stop-1, state after
-# position stop-1); initial_state None means the scan's zero state.
-SegmentFn = Callable[[int, int, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
+# run_scan(initial_state, at) -> (outputs, the state after the last position, the states after
+# positions at[b, :] of each row b (B, P, *state_shape), or None for `at` None); initial_state
+# None means the scan's zero state.
+ScanFn = Callable[
+    [torch.Tensor | None, torch.Tensor | None],
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+]
+# carry(jump, after, at) -> (the change of the outputs, of the last state, of the states at `at`
+# or None) when each row's state jumps by jump[row] (B, *state_shape) after the last position
+# where after[row] (B, L) is False: the scan run with no inputs, from state `jump`, left
+# unchanged wherever `after` is False. Its outputs need not be masked.
+CarryFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor | None],
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+]
 
 
 class StateSite(nn.Module):
     """The recurrent state of a scan, h_t = the state after position t, as a site.
 
-    Idle, the layer runs its scan in one call. Active, the layer hands `scan` a function that
-    runs the scan over a range of positions from a given initial state; `scan` cuts the sequence
-    after every position where some row reads or patches the state, runs the pieces in order
-    (each continuing from the previous piece's final state, exactly as the kernels'
-    initial_state / final-state outputs allow) and concatenates their outputs. At a cut after
-    position p, rows whose patch position is p get their state replaced (the scan continues
-    from the patched state, so outputs from p + 1 on see it; the output at p was computed from
-    the unpatched state), then rows whose read position is p have their state recorded.
+    Idle, the layer runs its scan in one call. Active, the layer hands `scan` two functions
+    (`ScanFn`, `CarryFn`) and the scan is never split: one run also returns the states after
+    the positions it is asked for (the kernels' `states_at`), which reads take. A patch replaces
+    the
+    state after position p_row, row by row: as the scan is affine in its state (Mamba's
+    h_t = a_t h_{t-1} + b_t, DeltaNet's S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T),
+    the patched run is the unpatched run plus the scan of the jump (patch - h_p) with no inputs,
+    from p + 1 on (`carry`): outputs from p + 1 on see the patched state, the output at p was
+    computed from the unpatched one. Reads come after patches (a read of a patched state is the
+    patched state). Every row may have its own positions: two scans whatever they are.
 
     Args:
         name: the site's short name, "state".
@@ -170,84 +184,76 @@ class StateSite(nn.Module):
 
     def scan(
         self,
-        run_segment: SegmentFn,
+        run_scan: ScanFn,
+        carry: CarryFn,
         length: int,
         batch: int,
         time_dim: int,
         initial_state: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the scan in pieces as the plan says.
+        """Run the scan as the plan says.
 
         Args:
-            run_segment: see `SegmentFn`; its outputs have the time axis at `time_dim`.
+            run_scan: see `ScanFn`; its outputs have the batch axis first and the time axis at
+                `time_dim`.
+            carry: see `CarryFn`; its outputs are laid out as run_scan's.
             length: sequence length L.
             batch: batch size B.
-            time_dim: the time axis of the outputs, to concatenate pieces along.
+            time_dim: the time axis of the outputs.
             initial_state: the state before position 0 (None: the scan's zero state).
 
         Returns:
-            (the outputs for all L positions, as one unsplit scan would return them, the state
-            after the last position).
+            (the outputs for all L positions, the state after the last position).
         """
         plan = self.plan
-        cuts: set[int] = set()
         read_pos = patch_pos = None
-        if plan.read:
-            if plan.read_positions is None:
-                cuts.update(range(length))
-            else:
-                read_pos = plan.read_positions
-                plan.check_batch(read_pos, batch, "read")
-                plan.check_in_range(read_pos, length, "read")
-                cuts.update(read_pos.tolist())
+        if plan.read and plan.read_positions is not None:
+            read_pos = plan.read_positions
+            plan.check_batch(read_pos, batch, "read")
+            plan.check_in_range(read_pos, length, "read")
         if plan.patching:
             patch_pos = plan.patch_positions
             if patch_pos is None:
                 raise ValueError(f"site {plan.name}: a state patch needs positions, got None")
             plan.check_batch(patch_pos, batch, "patch")
             plan.check_in_range(patch_pos, length, "patch")
-            cuts.update(patch_pos.tolist())
-
-        outputs, states = [], []
-        read_buffer = None
-        state = initial_state
-        start = 0
-        for p in sorted(cuts):
-            out, state = run_segment(start, p + 1, state)
-            outputs.append(out)
-            if patch_pos is not None:
-                state = self._patch(plan, state, patch_pos, p, batch)
-            if plan.read and read_pos is None:
-                states.append(state)
-            elif read_pos is not None:
-                mask = _row_mask(read_pos, p, state)
-                read_buffer = torch.where(
-                    mask, state, torch.zeros_like(state) if read_buffer is None else read_buffer
+        columns = []  # the positions whose states are needed: the patch's, then the reads'
+        if patch_pos is not None:
+            columns.append(patch_pos[:, None])
+        if read_pos is not None:
+            columns.append(read_pos[:, None])
+        elif plan.read:
+            columns.append(torch.arange(length).expand(batch, length))
+        device = columns[0].device
+        at = torch.cat([c.to(device=device, dtype=torch.long) for c in columns], dim=1)
+        y, last, states = run_scan(initial_state, at)
+        reads = states[:, 1:] if patch_pos is not None else states  # (B, P_read, ...)
+        if patch_pos is not None:
+            patch_pos = patch_pos.to(states.device)
+            values = plan.patch_values
+            if tuple(values.shape) != (batch, *states.shape[2:]):
+                raise ValueError(
+                    f"site {plan.name}: state patch values must have shape "
+                    f"{(batch, *states.shape[2:])}, got {tuple(values.shape)}"
                 )
-            start = p + 1
-        if start < length:
-            out, state = run_segment(start, length, state)
-            outputs.append(out)
+            jump = values.to(device=states.device, dtype=states.dtype) - states[:, 0]
+            after = torch.arange(length, device=states.device)[None, :] > patch_pos[:, None]
+            read_at = at[:, 1:].to(states.device) if plan.read else None
+            d_y, d_last, d_reads = carry(jump, after, read_at)
+            y = y + _time_mask(after, y, time_dim) * d_y.to(y.dtype)
+            last = last + d_last.to(last.dtype)
+            if plan.read:  # from p on, the states carry the jump
+                reached = read_at >= patch_pos[:, None]
+                reached = reached.view(*reached.shape, *(1,) * (jump.dim() - 1))
+                reads = reads + reached.to(reads.dtype) * d_reads.to(reads.dtype)
         if plan.read:
-            plan.record[plan.name] = torch.stack(states, 1) if read_pos is None else read_buffer
-        y = torch.cat(outputs, dim=time_dim) if len(outputs) > 1 else outputs[0]
-        return y, state
-
-    @staticmethod
-    def _patch(
-        plan: SitePlan, state: torch.Tensor, positions: torch.Tensor, p: int, batch: int
-    ) -> torch.Tensor:
-        values = plan.patch_values
-        if tuple(values.shape) != tuple(state.shape):
-            raise ValueError(
-                f"site {plan.name}: state patch values must have shape {tuple(state.shape)}, "
-                f"got {tuple(values.shape)}"
-            )
-        mask = _row_mask(positions, p, state)
-        return torch.where(mask, values.to(device=state.device, dtype=state.dtype), state)
+            plan.record[plan.name] = reads if read_pos is None else reads[:, 0]
+        return y, last
 
 
-def _row_mask(positions: torch.Tensor, p: int, like: torch.Tensor) -> torch.Tensor:
-    """(B, 1, ..., 1) bool: rows whose position is p, broadcastable against `like`."""
-    mask = positions.to(like.device) == p
-    return mask.view(-1, *([1] * (like.dim() - 1)))
+def _time_mask(mask: torch.Tensor, like: torch.Tensor, time_dim: int) -> torch.Tensor:
+    """A (B, L) bool mask as a tensor of like's dtype, broadcastable against `like` (batch axis
+    first, time at time_dim)."""
+    shape = [1] * like.dim()
+    shape[0], shape[time_dim] = mask.shape
+    return mask.view(shape).to(like.dtype)

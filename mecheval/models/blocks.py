@@ -55,15 +55,27 @@ class TransformerBlock(nn.Module):
         self.mlp_output = Site("mlp_output")
         self.block_output = Site("block_output")
 
-    def forward(self, residual: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        residual: torch.Tensor,
+        resume: Resume | None = None,
+        keep: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """residual: (B, L, d_model) -> (B, L, d_model); `resume`: the mixer's context
-        (mecheval.layers.resume), None for a whole sequence."""
+        (mecheval.layers.resume), None for a whole sequence; `keep`: (B,) one position per
+        row, the only one whose output is needed (the MLP then runs there alone and the block
+        returns (B, 1, d_model); only while the sites after the mixer are idle, see
+        `after_mixer_idle`)."""
         residual = self.block_input(residual)
         h = self.mixer_input(self.norm1(residual))
         h = self.mixer_output(self.mixer(h, resume=resume))
-        residual = residual + h
+        residual = _at(residual + h, keep)
         h = self.mlp_output(self.mlp(self.mlp_input(self.norm2(residual))))
         return self.block_output(residual + h)
+
+    def after_mixer_idle(self) -> bool:
+        """Whether no plan or hook looks at the sites after the mixer, nor at the output."""
+        return not self._forward_hooks and _idle(self.mlp_input, self.mlp_output, self.block_output)
 
 
 class MambaBlock(nn.Module):
@@ -84,11 +96,34 @@ class MambaBlock(nn.Module):
         self.mixer_output = Site("mixer_output")
         self.block_output = Site("block_output")
 
-    def forward(self, residual: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
-        """residual: (B, L, d_model) -> (B, L, d_model); `resume` as in TransformerBlock."""
+    def forward(
+        self,
+        residual: torch.Tensor,
+        resume: Resume | None = None,
+        keep: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """residual: (B, L, d_model) -> (B, L, d_model); `resume`, `keep` as in
+        TransformerBlock."""
         residual = self.block_input(residual)
         h = self.mixer_output(self.mixer(self.mixer_input(self.norm(residual)), resume=resume))
-        return self.block_output(residual + h)
+        return self.block_output(_at(residual + h, keep))
+
+    def after_mixer_idle(self) -> bool:
+        """Whether no plan or hook looks at the block's output."""
+        return not self._forward_hooks and _idle(self.block_output)
+
+
+def _at(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """x (B, L, C) at one position per row, (B, 1, C); x itself for keep None."""
+    if keep is None:
+        return x
+    rows = torch.arange(x.shape[0], device=x.device)
+    return x[rows, keep.to(x.device)][:, None]
+
+
+def _idle(*sites: Site) -> bool:
+    """No intervention plan and no hooks on these sites: nobody looks at their activations."""
+    return all(s.plan is None and not s._forward_hooks and not s._forward_pre_hooks for s in sites)
 
 
 def build_mixer(config: ModelConfig, layer_idx: int) -> nn.Module:

@@ -130,8 +130,17 @@ class LanguageModel(nn.Module):
         blocks = self.layers[layer_index:]
         if resumes is not None and len(resumes) != len(blocks):
             raise ValueError(f"resumes must hold one context per block run ({len(blocks)})")
+        # Only the rows' positions reach the head: when nobody looks at the sites after the
+        # last mixer, the last block's MLP runs at those positions alone.
+        keep = None
+        last = blocks[-1] if blocks else None
+        if positions is not None and last is not None and last.after_mixer_idle():
+            keep = positions
         for i, block in enumerate(blocks):
-            residual = block(residual) if resumes is None else block(residual, resumes[i])
+            resume = None if resumes is None else resumes[i]
+            residual = block(residual, resume, keep if i == len(blocks) - 1 else None)
+        if keep is not None:
+            return F.linear(self.norm_f(residual[:, 0]), self.embedding.weight)
         hidden = self.norm_f(residual)
         if positions is not None:
             rows = torch.arange(hidden.shape[0], device=hidden.device)
@@ -257,8 +266,8 @@ class LanguageModel(nn.Module):
 
         Semantics: a patch replaces the activation at (row, position) and the forward pass
         continues from it. A read records the activation after any patch at the same site.
-        Patching `state` at position p replaces the state after p: the scan is split after p
-        and continues from the patched state, so outputs from p + 1 on see it. Reads keep
+        Patching `state` at position p replaces the state after p: outputs from p + 1 on see
+        the patched state (the scan is not split: see mecheval.layers.sites.StateSite). Reads keep
         their autograd graph (run under torch.no_grad() to avoid that). A later forward pass
         inside the same block overwrites the record. Blocks do not nest.
         """

@@ -9,6 +9,7 @@ import torch
 
 from mecheval.interventions import grid as grid_module
 from mecheval.interventions import interchange_grid, plan_grid
+from mecheval.interventions.plan import AFTER_MIXER
 from mecheval.models import build_model
 from mecheval.tasks import make_task
 
@@ -27,7 +28,7 @@ def _setup(arch):
 def test_the_plan_counts_the_forwards_the_grid_runs(arch, positions, monkeypatch):
     model, batch, corrupted = _setup(arch)
     budget = 1 << 22  # small: several chunks
-    plan = plan_grid(model, batch, positions=positions, memory_budget=budget)
+    plan = plan_grid(model, batch, positions=positions, corrupted=corrupted, memory_budget=budget)
     summary = plan.summary()
     assert list(summary["site"]) == [s.ref.short for s in plan.sites]
     assert (summary["run"] <= summary["cells"]).all()
@@ -42,7 +43,7 @@ def test_the_plan_counts_the_forwards_the_grid_runs(arch, positions, monkeypatch
 
 def test_cells_the_plan_skips_keep_the_corrupted_result():
     model, batch, corrupted = _setup("mamba")
-    plan = plan_grid(model, batch, positions=["all"])
+    plan = plan_grid(model, batch, positions=["all"], corrupted=corrupted)
     table = interchange_grid(model, batch, corrupted, positions=["all"])
     for site in plan.sites:
         rows = table[(table["layer"] == site.ref.layer) & (table["site"] == site.ref.short)]
@@ -58,3 +59,18 @@ def test_resuming_runs_fewer_positions():
     summary = plan.summary()
     assert plan.points, "a resumable model gets resume points"
     assert (summary["positions_run"] < summary["run"] * plan.needed).any()
+
+
+def test_cells_before_the_corruption_are_not_run():
+    """The documents agree before the corrupted key: those cells are identities, left out of
+    the plan given the corrupted documents, and their results equal the corrupted run's."""
+    model, batch, corrupted = _setup("deltanet")
+    without = plan_grid(model, batch, positions=["all"]).summary()
+    plan = plan_grid(model, batch, positions=["all"], corrupted=corrupted)
+    first = (batch.tokens != corrupted).int().argmax(1)
+    assert (first > 0).all()
+    for site, before in zip(plan.sites, without["run"], strict=True):
+        assert (plan.positions[site.live] >= first[plan.example[site.live]]).all()
+        # Only the query's cells run after the last mixer: none of them lies before the key.
+        after_last_mixer = site.ref.layer == 1 and site.ref.short in AFTER_MIXER
+        assert len(site.live) < before or after_last_mixer

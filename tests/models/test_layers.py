@@ -184,6 +184,9 @@ def test_long_causal_conv_is_a_causal_convolution(length):
     torch.testing.assert_close(
         long_causal_conv(u.float(), k.float()).double(), expected, atol=1e-4, rtol=1e-4
     )
+    # Only the last outputs, as a resumed segment asks for them.
+    for last in {1, (length + 1) // 2, length}:
+        torch.testing.assert_close(long_causal_conv(u, k, last=last), expected[:, -last:])
     # A short filter counts as zero-padded.
     short = k[:2]
     torch.testing.assert_close(
