@@ -471,6 +471,24 @@ def load_trained_model(
     return model, task, config
 
 
+def time_steps(
+    config: TrainConfig, task, device: torch.device, step: Callable, steps: int, warmup: int
+) -> float:
+    """Seconds per call of step(batch) on freshly sampled batches of `config`'s task, after
+    `warmup` untimed calls (synchronised on CUDA)."""
+    data = task.sample(config.batch_size * (steps + warmup), seed=0).to(device)
+    started = 0.0
+    for i in range(steps + warmup):
+        if i == warmup:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+        step(data[i * config.batch_size : (i + 1) * config.batch_size].trim())
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - started) / steps
+
+
 def measure_step_time(config: TrainConfig, steps: int = 5, warmup: int = 2) -> float:
     """Seconds per training step (forward, backward, AdamW) of `config`'s model on its device,
     timed on a few freshly sampled batches; used to estimate a sweep's wall time."""
@@ -479,15 +497,11 @@ def measure_step_time(config: TrainConfig, steps: int = 5, warmup: int = 2) -> f
     with kernels.use_backend(config.backend):
         model, optimizer = fresh_model(config, task, device)
         step_fn = torch.compile(model) if config.compile else model
-        data = task.sample(config.batch_size * (steps + warmup), seed=0).to(device)
-        started = 0.0
-        for i in range(steps + warmup):
-            if i == warmup:
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                started = time.perf_counter()
-            batch = data[i * config.batch_size : (i + 1) * config.batch_size].trim()
-            train_step(step_fn, optimizer, batch, config, device)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-    return (time.perf_counter() - started) / steps
+        return time_steps(
+            config,
+            task,
+            device,
+            lambda batch: train_step(step_fn, optimizer, batch, config, device),
+            steps,
+            warmup,
+        )

@@ -49,6 +49,7 @@ from mecheval.train.loop import (
     fresh_model,
     prepare_folder,
     read_metrics,
+    time_steps,
     write_result,
 )
 from mecheval.train.schedule import learning_rate
@@ -302,8 +303,13 @@ class _Loop:
                 )
 
     def _step(self, batch: Batch, lrs: list[float], step: int) -> torch.Tensor:
-        """One stacked step; returns the M losses."""
-        size = len(self.members)
+        """One stacked step, its losses checked by the divergence guard; returns the M losses."""
+        return self.train_step(batch, lrs, lambda losses: self._guard(losses, step))
+
+    def train_step(self, batch: Batch, lrs: list[float], check=None) -> torch.Tensor:
+        """Forward, the M losses (each its model's mean over the batch), `check(losses)`, one
+        backward of their sum and one StackedAdamW update; returns the losses."""
+        size = self.stack.size
         with _autocast(self.config, self.device):
             logits = self.forward(batch.tokens, batch.positions["query"])
         losses = (
@@ -313,7 +319,8 @@ class _Loop:
             .view(size, -1)
             .mean(1)
         )
-        self._guard(losses, step)
+        if check is not None:
+            check(losses)
         self.optimizer.zero_grad()
         losses.sum().backward()
         self.optimizer.step(lrs)
@@ -403,15 +410,7 @@ def measure_stacked_step_time(configs: list[TrainConfig], steps: int = 3, warmup
             [c.optim.weight_decay for c in configs],
         )
         loop = _Loop(config, [], stack, optimizer, None, device, 0, 0.0)
-        data = task.sample(config.batch_size * (steps + warmup), seed=0).to(device)
-        started = 0.0
-        for i in range(steps + warmup):
-            if i == warmup:
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                started = time.perf_counter()
-            batch = data[i * config.batch_size : (i + 1) * config.batch_size].trim()
-            loop.train_step(batch, [c.optim.lr for c in configs])
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-    return (time.perf_counter() - started) / steps
+        lrs = [c.optim.lr for c in configs]
+        return time_steps(
+            config, task, device, lambda batch: loop.train_step(batch, lrs), steps, warmup
+        )

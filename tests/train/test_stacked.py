@@ -222,3 +222,10 @@ def test_a_compiled_stack_trains_as_the_eager_one(tmp_path):
         a, b = _weights(tmp_path / f"e{i}"), _weights(tmp_path / f"c{i}")
         for name in a:
             assert _relative_error(b[name], a[name]) < 1e-5, name
+
+
+def test_a_stack_step_is_timed_for_sweep_estimates():
+    from mecheval.train.stacked_loop import measure_stacked_step_time
+
+    seconds = measure_stacked_step_time(_configs()[:2], steps=2, warmup=1)
+    assert 0 < seconds < 60

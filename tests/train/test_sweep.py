@@ -168,11 +168,13 @@ def test_workers_and_ray_give_the_same_table_as_local(tmp_path):
         pd.testing.assert_frame_equal(local.drop(columns=VOLATILE), other.drop(columns=VOLATILE))
 
 
-def test_dry_run_prints_grid_size_and_estimate(tmp_path):
+@pytest.mark.parametrize("stack", [[], ["--stack"]])
+def test_dry_run_prints_grid_size_and_estimate(tmp_path, stack):
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(_spec({"arch": ["attention", "mamba"]})))
     env = dict(os.environ, PYTHONPATH=str(REPO))
     cmd = [sys.executable, "-m", "mecheval.cli", "sweep", str(path), "--dry-run", "--workers", "2"]
+    cmd += stack
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"2 runs in {path}")  # the size first, before measuring
