@@ -37,7 +37,7 @@ def estimate_sweep(
     measurements.
     """
     from mecheval.sweep.runner import STACK_MEMORY, stacks
-    from mecheval.train import loop, stacked_loop
+    from mecheval.train import timing
 
     groups = stacks(runs, STACK_MEMORY) if stack else [[run] for run in runs]
     distinct: dict[tuple, list[TrainConfig]] = {}
@@ -47,8 +47,8 @@ def estimate_sweep(
 
     def measure(configs: list[TrainConfig]) -> float:
         if len(configs) == 1:
-            return loop.measure_step_time(configs[0])
-        return stacked_loop.measure_stacked_step_time(configs)
+            return timing.measure_step_time(configs[0])
+        return timing.measure_stacked_step_time(configs)
 
     measured = {
         key: measure(configs)

@@ -118,6 +118,29 @@ def accuracy(
     return correct / len(data)
 
 
+def train_batch(train_data: Batch, step: int, batch_size: int) -> Batch:
+    """Step `step`'s batch: the next `batch_size` documents of the fixed training set, in
+    order, wrapping around (trimmed to its longest document)."""
+    first = (step * batch_size) % len(train_data)
+    index = torch.arange(first, first + batch_size, device=train_data.tokens.device)
+    return train_data[index % len(train_data)].trim()
+
+
+def cadence(config: TrainConfig, done: int) -> tuple[bool, bool, bool]:
+    """Whether `done` steps call for a log record, an evaluation, a checkpoint (the last step
+    evaluates and checkpoints)."""
+    last = done == config.total_steps
+
+    def every(n: int) -> bool:
+        return bool(n) and done % n == 0
+
+    return (
+        every(config.log_every),
+        every(config.eval_every) or last,
+        (every(config.checkpoint_every) or last),
+    )
+
+
 def train_step(
     model_fn: Callable,
     optimizer: torch.optim.Optimizer,
@@ -350,7 +373,6 @@ def _run(config: TrainConfig, run_dir: Path, task) -> dict[str, Any]:
         save_checkpoint(checkpoints, step, model, optimizer, extra, keep=config.keep_checkpoints)
         atomic_write_parquet(run_dir / "metrics.parquet", pd.DataFrame(records))
 
-    num_docs = len(train_data)
     started = time.perf_counter()
     window_loss, window_start = [], time.perf_counter()
     nonfinite: list[int] = []  # the current run of steps with a non-finite loss
@@ -364,9 +386,7 @@ def _run(config: TrainConfig, run_dir: Path, task) -> dict[str, Any]:
             )
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            first = (step * config.batch_size) % num_docs
-            index = torch.arange(first, first + config.batch_size, device=device) % num_docs
-            batch = train_data[index].trim()
+            batch = train_batch(train_data, step, config.batch_size)
 
             def check(loss: torch.Tensor, step: int = step) -> None:
                 if bool(torch.isfinite(loss)):
@@ -384,8 +404,7 @@ def _run(config: TrainConfig, run_dir: Path, task) -> dict[str, Any]:
             loss = train_step(step_fn, optimizer, batch, config, device, check)
             window_loss.append(loss.detach())
             done = step + 1
-            is_log = config.log_every and done % config.log_every == 0
-            is_eval = (config.eval_every and done % config.eval_every == 0) or done == total
+            is_log, is_eval, is_checkpoint = cadence(config, done)
             if is_log or is_eval:
                 now = time.perf_counter()
                 record: dict[str, Any] = {
@@ -409,7 +428,7 @@ def _run(config: TrainConfig, run_dir: Path, task) -> dict[str, Any]:
                     it_s=f"{record['steps_per_s']:.1f}",
                 )
             bar.update(1)
-            if (config.checkpoint_every and done % config.checkpoint_every == 0) or done == total:
+            if is_checkpoint:
                 log.flush()
                 checkpoint(done)
     if nonfinite:  # the run ended inside a run of non-finite losses
@@ -469,39 +488,3 @@ def load_trained_model(
     load_weights(chosen, model)
     model.eval()
     return model, task, config
-
-
-def time_steps(
-    config: TrainConfig, task, device: torch.device, step: Callable, steps: int, warmup: int
-) -> float:
-    """Seconds per call of step(batch) on freshly sampled batches of `config`'s task, after
-    `warmup` untimed calls (synchronised on CUDA)."""
-    data = task.sample(config.batch_size * (steps + warmup), seed=0).to(device)
-    started = 0.0
-    for i in range(steps + warmup):
-        if i == warmup:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-        step(data[i * config.batch_size : (i + 1) * config.batch_size].trim())
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - started) / steps
-
-
-def measure_step_time(config: TrainConfig, steps: int = 5, warmup: int = 2) -> float:
-    """Seconds per training step (forward, backward, AdamW) of `config`'s model on its device,
-    timed on a few freshly sampled batches; used to estimate a sweep's wall time."""
-    device = resolve_device(config.device)
-    task = build_task(config)
-    with kernels.use_backend(config.backend):
-        model, optimizer = fresh_model(config, task, device)
-        step_fn = torch.compile(model) if config.compile else model
-        return time_steps(
-            config,
-            task,
-            device,
-            lambda batch: train_step(step_fn, optimizer, batch, config, device),
-            steps,
-            warmup,
-        )

@@ -45,11 +45,12 @@ from mecheval.train.loop import (
     _autocast,
     _kept,
     accuracy,
+    cadence,
     finished_result,
     fresh_model,
     prepare_folder,
     read_metrics,
-    time_steps,
+    train_batch,
     write_result,
 )
 from mecheval.train.schedule import learning_rate
@@ -255,7 +256,7 @@ class _Loop:
 
     def run(self) -> None:
         config, total = self.config, self.config.total_steps
-        num_docs, size = len(self.train_data), len(self.members)
+        size = len(self.members)
         window: list[torch.Tensor] = []
         window_start = time.perf_counter()
         bar = tqdm(
@@ -270,14 +271,11 @@ class _Loop:
             closing.enter_context(contextlib.closing(bar))
             for step in range(self.start, total):
                 lrs = [0.0 if m.error else m.lr(step) for m in self.members]
-                first = (step * config.batch_size) % num_docs
-                index = torch.arange(first, first + config.batch_size, device=self.device)
-                batch = self.train_data[index % num_docs].trim()
+                batch = train_batch(self.train_data, step, config.batch_size)
                 losses = self._step(batch, lrs, step)
                 window.append(losses.detach())
                 done = step + 1
-                is_log = config.log_every and done % config.log_every == 0
-                is_eval = (config.eval_every and done % config.eval_every == 0) or done == total
+                is_log, is_eval, is_checkpoint = cadence(config, done)
                 if is_log or is_eval:
                     now = time.perf_counter()
                     self._record(
@@ -290,9 +288,7 @@ class _Loop:
                     )
                     window, window_start = [], now
                 bar.update(1)
-                if (
-                    config.checkpoint_every and done % config.checkpoint_every == 0
-                ) or done == total:
+                if is_checkpoint:
                     self._checkpoint(done)
         for m in self.members:
             if m.error is None and m.nonfinite:
@@ -389,28 +385,3 @@ class _Loop:
             saved.append(m)
         for m in saved:
             prune_checkpoints(m.checkpoints, m.config.keep_checkpoints, done)
-
-
-def measure_stacked_step_time(configs: list[TrainConfig], steps: int = 3, warmup: int = 1) -> float:
-    """Seconds per step of the runs trained as one stack (all M models, forward, backward,
-    StackedAdamW), on their device, timed on a few sampled batches; for sweep estimates."""
-    config = configs[0]
-    device = resolve_device(config.device)
-    task = validate_config(config)
-    with kernels.use_backend(config.backend):
-        models = []
-        for c in configs:
-            torch.manual_seed(c.seed)
-            models.append(fresh_model(c, task, device)[0])
-        stack = StackedModels(models)
-        optimizer = StackedAdamW(
-            stack.params,
-            tuple(config.optim.betas),
-            config.optim.eps,
-            [c.optim.weight_decay for c in configs],
-        )
-        loop = _Loop(config, [], stack, optimizer, None, device, 0, 0.0)
-        lrs = [c.optim.lr for c in configs]
-        return time_steps(
-            config, task, device, lambda batch: loop.train_step(batch, lrs), steps, warmup
-        )

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+import tests.reliability.helpers as reliability
 from mecheval.config import ConfigError
 from mecheval.models import ARCHITECTURES, build_model
 from mecheval.tasks import make_task
@@ -27,14 +28,8 @@ from mecheval.train.stacked_loop import stack_key, train_stacked
 # implementation can be closer to another than that.
 LRS = (1e-4, 3e-4, 1e-3)
 TINY = [
-    "task.options.num_pairs=4",
-    "task.options.num_keys=16",
-    "task.train_size=320",
-    "task.eval_size=32",
-    "d_model=16",
+    *reliability.TINY,
     "arch=mamba",
-    "progress=false",
-    "backend=torch",
     "steps=40",
     "eval_every=20",
     "checkpoint_every=20",
@@ -225,7 +220,7 @@ def test_a_compiled_stack_trains_as_the_eager_one(tmp_path):
 
 
 def test_a_stack_step_is_timed_for_sweep_estimates():
-    from mecheval.train.stacked_loop import measure_stacked_step_time
+    from mecheval.train.timing import measure_stacked_step_time
 
     seconds = measure_stacked_step_time(_configs()[:2], steps=2, warmup=1)
     assert 0 < seconds < 60

@@ -184,10 +184,10 @@ def test_dry_run_prints_grid_size_and_estimate(tmp_path, stack):
 
 
 def test_estimate_measures_each_distinct_model_once(monkeypatch):
-    from mecheval.train import loop
+    from mecheval.train import timing
 
     calls = []
-    monkeypatch.setattr(loop, "measure_step_time", lambda c: calls.append(c) or 0.01)
+    monkeypatch.setattr(timing, "measure_step_time", lambda c: calls.append(c) or 0.01)
     runs = expand_sweep(_spec({"arch": ["attention", "mamba"], "seed": [1, 2], "lr": [1e-3, 3e-3]}))
     estimate = estimate_sweep(runs, workers=4)
     assert len(calls) == 2 and estimate["models_measured"] == 2 and estimate["runs"] == 8
@@ -238,12 +238,12 @@ def test_a_stacked_sweep_gives_every_run_its_row_and_folder(tmp_path):
 
 
 def test_estimate_times_a_stack_once_and_shares_it(monkeypatch):
-    from mecheval.train import loop, stacked_loop
+    from mecheval.train import timing
 
     calls = []
-    monkeypatch.setattr(loop, "measure_step_time", lambda c: calls.append(1) or 0.01)
+    monkeypatch.setattr(timing, "measure_step_time", lambda c: calls.append(1) or 0.01)
     monkeypatch.setattr(
-        stacked_loop, "measure_stacked_step_time", lambda cs: calls.append(len(cs)) or 0.02
+        timing, "measure_stacked_step_time", lambda cs: calls.append(len(cs)) or 0.02
     )
     runs = expand_sweep(_spec({"arch": ["attention", "mamba"], "seed": [1, 2]}))
     estimate = estimate_sweep(runs, workers=1, stack=True)

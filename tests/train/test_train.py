@@ -164,7 +164,7 @@ def test_accuracy_keeps_the_models_mode():
 
 def test_step_time_is_measured_with_the_runs_optimizer(monkeypatch):
     """measure_step_time times the training step itself, with the run's AdamW settings."""
-    from mecheval.train import loop
+    from mecheval.train import loop, timing
 
     seen = []
     real = loop.train_step
@@ -175,7 +175,7 @@ def test_step_time_is_measured_with_the_runs_optimizer(monkeypatch):
 
     monkeypatch.setattr(loop, "train_step", spy)
     config = load_train_config(None, [*TINY, "optim.weight_decay=0.5", "optim.eps=1e-6"])
-    assert loop.measure_step_time(config, steps=1, warmup=0) > 0
+    assert timing.measure_step_time(config, steps=1, warmup=0) > 0
     group = seen[0]
     assert group["weight_decay"] == 0.5 and group["eps"] == 1e-6
     assert tuple(group["betas"]) == tuple(config.optim.betas)
