@@ -121,8 +121,12 @@ def forward_states_at(args: DeltaArgs, at: torch.Tensor) -> tuple[torch.Tensor, 
     B, P = at.shape
     rows = torch.arange(B, device=at.device)[:, None]
     if P > FEW_POSITIONS:
-        states = (kc[..., :, None] * u[..., None, :]).cumsum(3)  # (n, B, H, C, K, V)
-        states += h[:, :, :, None]
+        # The running sum over the chunk's steps, one in-place add per step (cumsum over a
+        # middle axis is about 5x slower on CPU).
+        states = kc[..., :, None] * u[..., None, :]  # (n, B, H, C, K, V)
+        states[:, :, :, 0] += h
+        for j in range(1, chunk):
+            states[:, :, :, j] += states[:, :, :, j - 1]
         H, K, V = h.shape[2:]
         states = states.permute(1, 0, 3, 2, 4, 5).reshape(B, n * chunk, H, K, V)
         return o, final, states[rows, at]

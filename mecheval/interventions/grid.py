@@ -196,14 +196,16 @@ def _sources(model, plan: GridPlan, batch: Batch) -> tuple[dict, torch.Tensor]:
     source = {r.name: record[r.name] for r in ordinary}  # (n, L, C): cells index it per site
     states = [r for r in refs if r.short == "state"]
     if states and 4 * n * length * model.state_size(length) <= plan.memory_budget // 2:
-        # The state after every position, in one pass (one scan with every state), then
-        # the patched positions picked out.
-        with model.intervene(reads={r.name: None for r in states}) as record:
+        # The state after each patched position, from one pass over the n documents (one scan
+        # that also returns the states at each row's P positions), stacked like the cells.
+        at = positions.view(len(plan.labels), n).T  # (n, P): cells are label-major
+        with model.intervene(reads={r.name: at for r in states}) as record:
             model.forward_from(0, model.embed(batch.tokens), positions=query)
-        source.update({r.name: record[r.name][example, positions] for r in states})
+        for r in states:
+            picked = record[r.name]  # (n, P, ...)
+            source[r.name] = picked.transpose(0, 1).reshape(-1, *picked.shape[2:])
     elif states:
-        # Too many to keep: the state after each patched position, in one pass over the
-        # stacked labels (over P n rows).
+        # Too many to keep at once in one pass: one pass over the stacked labels (P n rows).
         tokens = batch.tokens.repeat(len(plan.labels), 1)
         with model.intervene(reads={r.name: positions for r in states}) as record:
             model.forward_from(0, model.embed(tokens), positions=query.repeat(len(plan.labels)))

@@ -94,10 +94,14 @@ def before_corruption(
     return positions < first[example]
 
 
-# Cells are bucketed by position into at most this many resume points: each bucket is one more
-# forward per site, each point more positions skipped (8 was fastest on CPU at the study's shape,
-# between 4 and 40, for attention, Mamba and DeltaNet).
+# Cells are bucketed by position into resume points: multiples of a stride that make at most
+# this many (each bucket is one more forward per site, each point more positions skipped: 8 was
+# fastest on CPU at the study's shape, between 4 and 40, for attention, Mamba and DeltaNet),
+# plus every position where at least this share of the documents has a cell (the divider and
+# the query of AR documents, at the same position in every document): those cells then run
+# from their own position.
 MAX_RESUME_POINTS = 8
+SHARED_POSITION = 0.5
 
 
 def _resumable(model, layer: int) -> bool:
@@ -105,11 +109,13 @@ def _resumable(model, layer: int) -> bool:
 
 
 def _resume_points(model, positions: torch.Tensor, needed: int, n: int, budget: int) -> list[int]:
-    """Where resumed runs may start: multiples of a stride that keep the buckets few, kept only
-    while the contexts stored there (n rows each) fit in half the memory budget."""
+    """Where resumed runs may start (see MAX_RESUME_POINTS), kept only while the contexts
+    stored there (n rows each) fit in half the memory budget."""
     stride = max(1, -(-needed // MAX_RESUME_POINTS))
-    points = sorted({int(p) // stride * stride for p in positions.unique().tolist()})
-    points = [p for p in points if 0 <= p < needed]
+    unique, counts = positions.unique(return_counts=True)
+    points = {p // stride * stride for p in unique.tolist()}
+    points |= {p for p, c in zip(unique.tolist(), counts.tolist()) if c >= SHARED_POSITION * n}
+    points = sorted(p for p in points if 0 <= p < needed)
     context_bytes = sum(4 * n * model.context_size(p) for p in points)
     return points if context_bytes <= budget // 2 else []
 

@@ -32,7 +32,7 @@ class SitePlan:
     Attributes:
         name: the site's full name, the key under which reads are recorded.
         record: dict that reads are written into (shared by all sites of one intervention).
-        read: whether to read; `read_positions` (B,) or None for the full tensor.
+        read: whether to read; `read_positions` (B,), (B, P) or None for the full tensor.
         patch_positions: (B,) positions to patch, or None; `patch_values` (B, C) (or, for a
             state site, (B, *state_shape)).
     """
@@ -131,7 +131,8 @@ def _apply(plan: SitePlan, x: torch.Tensor) -> torch.Tensor:
             positions = plan.read_positions.to(x.device)
             plan.check_batch(positions, batch, "read")
             plan.check_in_range(positions, length, "read")
-            plan.record[plan.name] = x[plan.rows(batch, x.device), positions]
+            rows = plan.rows(batch, x.device)
+            plan.record[plan.name] = x[rows if positions.dim() == 1 else rows[:, None], positions]
     return x
 
 
@@ -221,7 +222,7 @@ class StateSite(nn.Module):
         if patch_pos is not None:
             columns.append(patch_pos[:, None])
         if read_pos is not None:
-            columns.append(read_pos[:, None])
+            columns.append(read_pos[:, None] if read_pos.dim() == 1 else read_pos)
         elif plan.read:
             columns.append(torch.arange(length).expand(batch, length))
         device = columns[0].device
@@ -247,7 +248,8 @@ class StateSite(nn.Module):
                 reached = reached.view(*reached.shape, *(1,) * (jump.dim() - 1))
                 reads = reads + reached.to(reads.dtype) * d_reads.to(reads.dtype)
         if plan.read:
-            plan.record[plan.name] = reads if read_pos is None else reads[:, 0]
+            one = read_pos is not None and read_pos.dim() == 1
+            plan.record[plan.name] = reads[:, 0] if one else reads
         return y, last
 
 

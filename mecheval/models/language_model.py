@@ -253,14 +253,15 @@ class LanguageModel(nn.Module):
 
         Args:
             reads: site name -> positions (B,) integer (one position per batch row; rows may
-                differ) or None (the whole activation).
+                differ), (B, P) (P positions per row) or None (the whole activation).
             patches: site name -> (positions (B,), values). Values are (B, C) for a (B, L, C)
                 site, (B, *state_shape) for a `state` site; positions None with values
                 (B, L, C) replaces a whole (B, L, C) activation.
 
         Yields:
             a dict, filled during the forward pass: site name -> the read activation, (B, C)
-            at the row's position or (B, L, C) for positions None; for `state` sites the
+            at the row's position, (B, P, C) at its P positions or (B, L, C) for positions
+            None; for `state` sites the
             state after the row's position, (B, d_inner, d_state) for Mamba or
             (B, H, K, V) for DeltaNet, float32 ((B, L, ...) for None).
 
@@ -336,14 +337,16 @@ class LanguageModel(nn.Module):
 def _check_positions(name: str, what: str, positions: object, allow_none: bool) -> None:
     if positions is None and allow_none:
         return
+    dims = (1, 2) if what == "read" else (1,)
     if (
         not isinstance(positions, torch.Tensor)
-        or positions.dim() != 1
+        or positions.dim() not in dims
         or positions.dtype.is_floating_point
         or positions.dtype.is_complex
         or positions.dtype == torch.bool
     ):
+        shapes = "a (B,) or (B, P)" if what == "read" else "a (B,)"
         raise ValueError(
-            f"{what} positions of site {name!r} must be a (B,) integer tensor or None, "
+            f"{what} positions of site {name!r} must be {shapes} integer tensor or None, "
             f"got {positions!r:.80}"
         )

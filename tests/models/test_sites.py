@@ -14,6 +14,8 @@ from tests.models.references import delta_net_reference, mamba_reference
 V, D, L = 40, 16, 8
 POSITIONS = torch.tensor([2, 5, 7])  # one per row, rows differ; 7 is the last position
 B = len(POSITIONS)
+# Several per row (repeats allowed); more than the delta rule's few-positions path takes.
+MANY_POSITIONS = torch.tensor([[2, 0, 7, 7, 3, 1], [5, 5, 1, 0, 6, 4], [7, 3, 6, 2, 2, 0]])
 # Before the patched position the outputs must not move; the delta rule's chunked path solves
 # a chunk's positions together, so there "not move" holds up to float32 rounding.
 ATOL_UNCHANGED = 1e-5
@@ -83,13 +85,18 @@ def test_reads_at_positions_and_in_full(arch):
             logits_full = model(tokens)
         with model.intervene(reads={n: POSITIONS for n in names}) as at:
             logits_at = model(tokens)
+        with model.intervene(reads={n: MANY_POSITIONS for n in names}) as many:
+            logits_many = model(tokens)
     # Reading changes nothing (state reads split the scan: equal up to rounding).
     torch.testing.assert_close(logits_full, clean)
     torch.testing.assert_close(logits_at, clean)
+    torch.testing.assert_close(logits_many, clean)
     for name in names:
         assert full[name].shape[:2] == (B, L), name
         assert at[name].shape == (B, *full[name].shape[2:]), name
         torch.testing.assert_close(at[name], full[name][rows(), POSITIONS], msg=name)
+        expected = full[name][rows()[:, None], MANY_POSITIONS]
+        torch.testing.assert_close(many[name], expected, msg=name)
         if name.endswith("state"):
             assert at[name].dtype == torch.float32
     d_inner = 2 * D
@@ -289,7 +296,12 @@ def test_bad_interventions_are_refused():
     refused = [
         ({"reads": {"layers.0.mlp_output": None}}, ValueError, "unknown site.*layers.0.mlp_output"),
         ({"reads": {"layers.0.block_input": POSITIONS.float()}}, ValueError, "integer tensor"),
-        ({"reads": {"layers.0.block_input": POSITIONS[None]}}, ValueError, "integer tensor"),
+        ({"reads": {"layers.0.block_input": POSITIONS[None, None]}}, ValueError, "integer tensor"),
+        (
+            {"patches": {"layers.0.block_input": (POSITIONS[None], torch.zeros(B, D))}},
+            ValueError,
+            "patch positions.*\\(B,\\) integer tensor",
+        ),
         ({"patches": {"layers.0.block_input": torch.zeros(B, D)}}, ValueError, "tuple"),
     ]
     for kwargs, error, match in refused:
@@ -308,6 +320,8 @@ def test_bad_interventions_are_refused():
         ({"reads": {"layers.0.block_input": torch.tensor([0, 1, L])}}, "must lie in"),
         ({"reads": {"layers.0.state": torch.tensor([0, -1, 2])}}, "must lie in"),
         ({"reads": {"layers.0.conv_input": torch.tensor([0, 1])}}, "batch size"),
+        ({"reads": {"layers.0.state": POSITIONS[None]}}, "batch size"),
+        ({"reads": {"layers.0.block_input": torch.tensor([[0], [1], [L]])}}, "must lie in"),
     ]
     for kwargs, match in cases:
         with pytest.raises(ValueError, match=match), model.intervene(**kwargs):
