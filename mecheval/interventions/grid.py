@@ -188,7 +188,7 @@ def _sources(model, plan: GridPlan, batch: Batch) -> tuple[dict, torch.Tensor]:
     """The clean run's values at every site (states: already stacked like the cells) and its
     logits at the query."""
     n, length = batch.tokens.shape
-    query, example, positions = batch.positions["query"], plan.example, plan.positions
+    query, positions = batch.positions["query"], plan.positions
     refs = [s.ref for s in plan.sites]
     ordinary = [r for r in refs if r.short != "state"]
     with model.intervene(reads={r.name: None for r in ordinary}) as record:

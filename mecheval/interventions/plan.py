@@ -114,7 +114,8 @@ def _resume_points(model, positions: torch.Tensor, needed: int, n: int, budget: 
     stride = max(1, -(-needed // MAX_RESUME_POINTS))
     unique, counts = positions.unique(return_counts=True)
     points = {p // stride * stride for p in unique.tolist()}
-    points |= {p for p, c in zip(unique.tolist(), counts.tolist()) if c >= SHARED_POSITION * n}
+    shared = zip(unique.tolist(), counts.tolist(), strict=True)
+    points |= {p for p, c in shared if c >= SHARED_POSITION * n}
     points = sorted(p for p in points if 0 <= p < needed)
     context_bytes = sum(4 * n * model.context_size(p) for p in points)
     return points if context_bytes <= budget // 2 else []
