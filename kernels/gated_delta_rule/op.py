@@ -59,9 +59,9 @@ def _validate(dtypes, q, k, v, g, beta, scale, initial_state) -> None:
             raise ValueError(f"{op}: scale must be finite, got {scale}")
     # A NaN or infinite log decay poisons every later state (exp(-inf) * inf): refuse it by name.
     # A data-dependent test, so eager calls only (torch.compile and vmap trace through here).
-    if not (torch.compiler.is_compiling() or is_batched(g) or g.device.type == "meta"):
-        if g.numel() and not bool(torch.isfinite(g).all()):
-            raise ValueError(f"{op}: g (the log decays) must be finite, got inf or NaN values")
+    traced = torch.compiler.is_compiling() or is_batched(g) or g.device.type == "meta"
+    if not traced and g.numel() and not bool(torch.isfinite(g).all()):
+        raise ValueError(f"{op}: g (the log decays) must be finite, got inf or NaN values")
 
 
 def _fake(a: GatedDeltaArgs, backend: str) -> tuple:

@@ -117,7 +117,7 @@ def forward_states_at(args: GatedDeltaArgs, at: torch.Tensor) -> tuple[torch.Ten
     c, j = at // chunk, at % chunk  # (B, P): each position's chunk and step in it
     weights = gamma[c, rows, :, j]  # (B, P, H, C): Gamma[j, i], zero for i > j
     keys = kc[c, rows] * weights[..., None]  # (B, P, H, C, K)
-    start = e[c, rows, :, j] * h[c, rows]  # e[c, rows, :, j]: (B, P, H, 1)
+    start = e[c, rows, :, j, None] * h[c, rows]  # e[c, rows, :, j]: (B, P, H, 1)
     return o, final, start + keys.transpose(-1, -2) @ u[c, rows]
 
 
@@ -149,9 +149,7 @@ def backward(args: GatedDeltaArgs, grads: tuple, saved: tuple) -> list[torch.Ten
         du = p_t[c] @ doc[c] + kw[c] @ dstate
         torch.matmul(a[c].transpose(-1, -2), du, out=dr[c])
         dstate = (
-            e_last[c] * dstate
-            + qe[c].transpose(-1, -2) @ doc[c]
-            - kbe[c].transpose(-1, -2) @ dr[c]
+            e_last[c] * dstate + qe[c].transpose(-1, -2) @ doc[c] - kbe[c].transpose(-1, -2) @ dr[c]
         )
     # Everything else is parallel over chunks.
     d_p = (doc @ u.transpose(-1, -2)).tril()  # gradient of P = tril(Q K^T) * Gamma
