@@ -21,12 +21,12 @@ import triton.language as tl
 
 from kernels.delta_rule.backward import _rows_at
 from kernels.delta_rule.common import chunk_rows, dot, dot_t, load_rows, load_state, state_tile
-from kernels.gated_delta_rule.common import decay_matrix, load_decays
+from kernels.gated_delta_rule.common import chunk_decays
 
 
 @triton.jit
 def chunk_state_bwd_kernel(
-    q_ptr, k_ptr, beta_ptr, a_ptr, gcum_ptr, do_ptr, dfinal_ptr, dh_ptr, dr_ptr, dinit_ptr,
+    q_ptr, k_ptr, g_ptr, beta_ptr, a_ptr, do_ptr, dfinal_ptr, dh_ptr, dr_ptr, dinit_ptr,
     scale, T, H, K, V, NT,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DFINAL: tl.constexpr, STORE_DINIT: tl.constexpr, IEEE: tl.constexpr,
@@ -43,21 +43,20 @@ def chunk_state_bwd_kernel(
         t, mask_t, row_base = chunk_rows(b, h, c, T, H, C)
         mask_tv = mask_t[:, None] & mask_v[None, :]
         tl.store(dh_ptr + (bh64 * NT + c) * K * V + state_offs, dstate, mask=mask_kv)
-        G, G_last = load_decays(gcum_ptr, bh64, c, NT, C)
-        e = tl.exp(G)
+        e, e_last, w, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
         qc = load_rows(q_ptr, row_base, mask_t, offs_k, mask_k, K)
         kc = load_rows(k_ptr, row_base, mask_t, offs_k, mask_k, K)
         do = load_rows(do_ptr, row_base, mask_t, offs_v, mask_v, V)
         beta = tl.load(beta_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
         a = tl.load(a_ptr + ((bh64 * NT + c) * C + offs_c[:, None]) * C + offs_c[None, :])
         # kq[j, i] = k_j.q_i Gamma[i, j]: (tril(Q K^T) * Gamma)^T
-        kq = dot(kc, tl.trans(qc), IEEE, DT) * decay_matrix(G, C, True)
-        kw = kc.to(tl.float32) * tl.exp(G_last - G)[:, None]
+        kq = dot(kc, tl.trans(qc), IEEE, DT) * tl.trans(gamma)
+        kw = kc.to(tl.float32) * w[:, None]
         du = dot(kw, dstate, IEEE, DT) + scale * dot(kq, do, IEEE, DT)
         dr = dot(tl.trans(a), du, IEEE, DT)
         tl.store(dr_ptr + (bh64 * T + t)[:, None] * V + offs_v[None, :], dr, mask=mask_tv)
         # Q^T diag(e) dO and Kb^T diag(e) dR: scale the narrower tiles.
-        dstate = tl.exp(G_last) * dstate + scale * dot_t(qc, e[:, None] * do, IEEE, DT)
+        dstate = e_last * dstate + scale * dot_t(qc, e[:, None] * do, IEEE, DT)
         dstate -= dot_t(kc, (beta * e)[:, None] * dr, IEEE, DT)
     if STORE_DINIT:
         tl.store(dinit_ptr + bh64 * K * V + state_offs, dstate, mask=mask_kv)
@@ -72,7 +71,7 @@ def _row_minus_column(x):
 
 @triton.jit
 def chunk_grad_kernel(
-    q_ptr, k_ptr, v_ptr, beta_ptr, gcum_ptr, h_ptr, dh_ptr, u_ptr, dr_ptr, do_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, h_ptr, dh_ptr, u_ptr, dr_ptr, do_ptr,
     dq_ptr, dk_ptr, dv_ptr, dbeta_part_ptr, dg_part_ptr, scale, B, T, H, K, V, NT,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
@@ -91,10 +90,7 @@ def chunk_grad_kernel(
     qc = load_rows(q_ptr, row_base, mask_t, offs_k, mask_k, K)
     kc = load_rows(k_ptr, row_base, mask_t, offs_k, mask_k, K)
     beta = tl.load(beta_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
-    G, G_last = load_decays(gcum_ptr, bh64, pid_c, NT, C)
-    e = tl.exp(G)
-    w = tl.exp(G_last - G)
-    gamma = decay_matrix(G, C, False)
+    e, e_last, w, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
 
     # Pass 1 over V: the (C, C) products, dv, and beta's V-part (the last two do not depend on
     # the K block: the first K block writes them).
@@ -151,10 +147,11 @@ def chunk_grad_kernel(
     through_w = w * tl.sum(kc.to(tl.float32) * u_ds, axis=1)
     dG += scale * e * tl.sum(qc.to(tl.float32) * do_s, axis=1)
     dG -= e * tl.sum(kb * dr_s, axis=1) + through_w
-    # e_C and w's G_C: the chunk's last row (a padded one in a ragged chunk: it still holds G_C).
-    last = tl.exp(G_last) * tl.sum(s_ds, axis=0) + tl.sum(through_w, axis=0)
+    # e_C and w's G_C: the chunk's last row (a padded one in a ragged chunk: G_C all the same).
+    last = e_last * tl.sum(s_ds, axis=0) + tl.sum(through_w, axis=0)
     dG += tl.where(offs_c == C - 1, last, 0.0)
-    dg = tl.sum(dG, axis=0) - tl.cumsum(dG, 0) + dG  # G_i = g_1 + ... + g_i
+    # G_i = g_1 + ... + g_i: dg_j = sum_{i >= j} dG_i, summed directly (no cancellation).
+    dg = tl.sum(tl.where(rows >= cols, dG[:, None], 0.0), axis=0)
     tl.store(
         dq_ptr + row_base[:, None] * K + offs_k[None, :],
         dq.to(dq_ptr.dtype.element_ty),

@@ -1,11 +1,13 @@
 """What the gated delta rule's Triton kernels share beyond the delta rule's helpers
 (kernels/delta_rule/common.py: chunk size, products, index arithmetic): the in-chunk decays.
 
-Notation per batch row and head (see torch_path.py): a chunk's cumulative log decays G (C,)
-are stored by the inverse kernel, one float32 row of C per chunk (padded steps have g = 0, so
-their G is the chunk's total); e = exp(G), w = exp(G_C - G) and Gamma[i, j] = exp(G_i - G_j)
-for j <= i. Differences are masked before the exp, so no exp of a large positive number is
-ever taken (with g <= 0 every factor is in [0, 1]).
+Notation per batch row and head (see torch_path.py): from a chunk's log decays g (C,) (zero on
+padded steps), e_i = exp(G_i) with G_i = g_1 + ... + g_i, e_C = exp(G_C), and the segment
+sums D[i, j] = g_{j+1} + ... + g_i, which give Gamma[i, j] = exp(D[i, j]) for j <= i and
+w_j = exp(D[C, j]) = exp(G_C - G_j). The segment sums are summed directly (a masked cumulative
+sum per column), never formed as G_i - G_j: with large decays (|G| ~ 1e4) that difference
+loses every digit float32 has, while the sums of same-sign terms stay accurate; and no exp of
+a positive number is ever taken when g <= 0.
 """
 
 from __future__ import annotations
@@ -15,20 +17,14 @@ import triton.language as tl
 
 
 @triton.jit
-def load_decays(gcum_ptr, bh64, c, NT, C: tl.constexpr):
-    """Chunk c's G (C,) and its total G_C (a scalar), float32."""
-    base = (bh64 * NT + c) * C
-    return tl.load(gcum_ptr + base + tl.arange(0, C)), tl.load(gcum_ptr + base + C - 1)
-
-
-@triton.jit
-def decay_matrix(G, C: tl.constexpr, TRANSPOSED: tl.constexpr):
-    """Gamma (C, C): exp(G_i - G_j) at [i, j] for j <= i, else 0; or its transpose."""
+def chunk_decays(g_ptr, row_base, mask_t, C: tl.constexpr):
+    """The decays of the chunk whose (B, T, H) rows are row_base: (e (C,), e_C (scalar), w (C,),
+    Gamma (C, C), zero above the diagonal), float32."""
+    g = tl.load(g_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
     offs = tl.arange(0, C)
-    if TRANSPOSED:
-        diff = G[None, :] - G[:, None]  # [j, i] = G_i - G_j
-        keep = offs[None, :] >= offs[:, None]
-    else:
-        diff = G[:, None] - G[None, :]
-        keep = offs[:, None] >= offs[None, :]
-    return tl.where(keep, tl.exp(tl.where(keep, diff, 0.0)), 0.0)
+    rows = offs[:, None]
+    cols = offs[None, :]
+    seg = tl.cumsum(tl.where(rows > cols, g[:, None], 0.0), 0)  # D[i, j]
+    w = tl.exp(tl.sum(tl.where(rows == C - 1, seg, 0.0), axis=0))
+    gamma = tl.where(rows >= cols, tl.exp(seg), 0.0)
+    return tl.exp(tl.cumsum(g, 0)), tl.exp(tl.sum(g, axis=0)), w, gamma

@@ -1,8 +1,7 @@
 """Triton kernels of the gated delta rule's chunked forward (notation in torch_path.py and
 common.py), three launches, the delta rule's (kernels/delta_rule/forward.py) with the decays:
 
-`chunk_inverse_kernel`  grid (chunks, B*H): the chunk's cumulative log decays G (tl.cumsum,
-    stored for every later kernel) and A = (I + L)^{-1}, L = tril(Kb K^T, -1) * Gamma: the
+`chunk_inverse_kernel`  grid (chunks, B*H): A = (I + L)^{-1}, L = tril(Kb K^T, -1) * Gamma: the
     diagonal 16 x 16 blocks inverted by forward substitution, merged with tl.dot by Horner's
     rule, as the delta rule does.
 `chunk_state_fwd_kernel`  grid (V blocks, B*H): the sequential pass over chunks, the state
@@ -25,12 +24,12 @@ from kernels.delta_rule.common import (
     load_state,
     state_tile,
 )
-from kernels.gated_delta_rule.common import decay_matrix, load_decays
+from kernels.gated_delta_rule.common import chunk_decays
 
 
 @triton.jit
 def chunk_inverse_kernel(
-    k_ptr, g_ptr, beta_ptr, a_ptr, gcum_ptr, T, H, K, NT,
+    k_ptr, g_ptr, beta_ptr, a_ptr, T, H, K, NT,
     C: tl.constexpr, SB: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     pid_c = tl.program_id(0)
@@ -44,15 +43,13 @@ def chunk_inverse_kernel(
         kc = load_rows(k_ptr, row_base, mask_t, offs_k, offs_k < K, K)
         gram += dot(kc, tl.trans(kc), IEEE, k_ptr.dtype.element_ty)
     beta = tl.load(beta_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
-    G = tl.cumsum(g, 0)
-    tl.store(gcum_ptr + (bh.to(tl.int64) * NT + pid_c) * C + offs_c, G)
+    _, _, _, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
 
     rows = offs_c[:, None]
     cols = offs_c[None, :]
     eye = tl.where(rows == cols, 1.0, 0.0)
     # L[i, j] = beta_i exp(G_i - G_j) k_i.k_j, j < i
-    lower = tl.where(rows > cols, gram * beta[:, None] * decay_matrix(G, C, False), 0.0)
+    lower = tl.where(rows > cols, gram * beta[:, None] * gamma, 0.0)
     same_block = (rows // SB) == (cols // SB)
     lower_d = tl.where(same_block, lower, 0.0)
     # Forward substitution inside every diagonal block at once: step i finalises row i of each
@@ -76,7 +73,7 @@ def chunk_inverse_kernel(
 
 @triton.jit
 def chunk_state_fwd_kernel(
-    k_ptr, v_ptr, beta_ptr, a_ptr, gcum_ptr, init_ptr, h_ptr, u_ptr, final_ptr,
+    k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, init_ptr, h_ptr, u_ptr, final_ptr,
     T, H, K, V, NT,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_INIT: tl.constexpr, STORE_FINAL: tl.constexpr, IEEE: tl.constexpr,
@@ -91,27 +88,27 @@ def chunk_state_fwd_kernel(
     for c in range(NT):
         t, mask_t, row_base = chunk_rows(b, h, c, T, H, C)
         tl.store(h_ptr + (bh64 * NT + c) * K * V + state_offs, state, mask=mask_kv)
-        G, G_last = load_decays(gcum_ptr, bh64, c, NT, C)
+        e, e_last, w, _ = chunk_decays(g_ptr, row_base, mask_t, C)
         kc = load_rows(k_ptr, row_base, mask_t, offs_k, mask_k, K)
         vc = load_rows(v_ptr, row_base, mask_t, offs_v, mask_v, V).to(tl.float32)
         beta = tl.load(beta_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
         a = tl.load(a_ptr + ((bh64 * NT + c) * C + offs_c[:, None]) * C + offs_c[None, :])
-        r = beta[:, None] * (vc - tl.exp(G)[:, None] * dot(kc, state, IEEE, DT))
+        r = beta[:, None] * (vc - e[:, None] * dot(kc, state, IEEE, DT))
         u = dot(a, r, IEEE, DT)
         tl.store(
             u_ptr + (bh64 * T + t)[:, None] * V + offs_v[None, :],
             u,
             mask=mask_t[:, None] & mask_v[None, :],
         )
-        kw = kc.to(tl.float32) * tl.exp(G_last - G)[:, None]
-        state = tl.exp(G_last) * state + dot_t(kw, u, IEEE, DT)
+        kw = kc.to(tl.float32) * w[:, None]
+        state = e_last * state + dot_t(kw, u, IEEE, DT)
     if STORE_FINAL:
         tl.store(final_ptr + bh64 * K * V + state_offs, state, mask=mask_kv)
 
 
 @triton.jit
 def chunk_output_kernel(
-    q_ptr, k_ptr, h_ptr, u_ptr, gcum_ptr, o_ptr, scale, T, H, K, V, NT,
+    q_ptr, k_ptr, g_ptr, h_ptr, u_ptr, o_ptr, scale, T, H, K, V, NT,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     pid_c = tl.program_id(1)
@@ -122,13 +119,13 @@ def chunk_output_kernel(
     t, mask_t, row_base = chunk_rows(b, h, pid_c, T, H, C)
     bh64 = bh.to(tl.int64)
     mask_tv = mask_t[:, None] & mask_v[None, :]
-    G, _ = load_decays(gcum_ptr, bh64, pid_c, NT, C)
+    e, _, _, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
     qc = load_rows(q_ptr, row_base, mask_t, offs_k, mask_k, K)
     kc = load_rows(k_ptr, row_base, mask_t, offs_k, mask_k, K)
     state = tl.load(h_ptr + (bh64 * NT + pid_c) * K * V + state_offs, mask=mask_kv, other=0.0)
     u = tl.load(u_ptr + (bh64 * T + t)[:, None] * V + offs_v[None, :], mask=mask_tv, other=0.0)
-    qk = dot(qc, tl.trans(kc), IEEE, DT) * decay_matrix(G, C, False)
-    o = (tl.exp(G)[:, None] * dot(qc, state, IEEE, DT) + dot(qk, u, IEEE, DT)) * scale
+    qk = dot(qc, tl.trans(kc), IEEE, DT) * gamma
+    o = (e[:, None] * dot(qc, state, IEEE, DT) + dot(qk, u, IEEE, DT)) * scale
     tl.store(
         o_ptr + row_base[:, None] * V + offs_v[None, :], o.to(o_ptr.dtype.element_ty), mask=mask_tv
     )

@@ -60,9 +60,10 @@ def chunked_launches(K: int, V: int, dtype: torch.dtype, programs: int, **flags:
 
 
 def empty_saved(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The forward's saved buffers, unfilled: u (B, H, T, V), h (B, H, NT, K, V) and G
-    (B, H, NT, C) in float32, and A (B, H, NT, C, C) in float32 for float32 inputs, else in
-    the inputs' dtype (it only ever enters tl.dot as a half-precision operand)."""
+    """The forward's saved buffers, unfilled: u (B, H, T, V) and h (B, H, NT, K, V) in
+    float32, and A (B, H, NT, C, C) in float32 for float32 inputs, else in the inputs' dtype
+    (it only ever enters tl.dot as a half-precision operand). The decays are recomputed from g
+    by every kernel that needs them (a (C, C) cumulative sum)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     f32 = torch.float32
@@ -72,7 +73,6 @@ def empty_saved(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
         _empty(q, B, H, T, V, dtype=f32),
         _empty(q, B, H, NT, K, V, dtype=f32),
         _empty(q, B, H, NT, CHUNK, CHUNK, dtype=a_dtype),
-        _empty(q, B, H, NT, CHUNK, dtype=f32),
     )
 
 
@@ -88,32 +88,32 @@ def forward(a: GatedDeltaArgs) -> tuple[torch.Tensor, ...]:
     saved = empty_saved(q, v)
     if B == 0:
         return o, final, *saved
-    u, h, A, gcum = saved
+    u, h, A = saved
     # Absent optional tensors: any valid pointer, never read (the flags are compile-time).
     init_arg = init if init is not None else o
     final_arg = final if final is not None else o
     flags = dict(HAS_INIT=init is not None, STORE_FINAL=final is not None)
     NT = triton.cdiv(T, CHUNK)
     launches = chunked_launches(K, V, q.dtype, B * H, **flags)
-    launches["inverse"]((NT, B * H), k, g, beta, A, gcum, T, H, K, NT)
+    launches["inverse"]((NT, B * H), k, g, beta, A, T, H, K, NT)
     launch = launches["state_fwd"]
     launch((triton.cdiv(V, launch.constants["BV"]), B * H),
-           k, v, beta, A, gcum, init_arg, h, u, final_arg, T, H, K, V, NT)  # fmt: skip
+           k, v, g, beta, A, init_arg, h, u, final_arg, T, H, K, V, NT)  # fmt: skip
     launch = launches["output"]
     launch((triton.cdiv(V, launch.constants["BV"]), NT, B * H),
-           q, k, h, u, gcum, o, a.scale, T, H, K, V, NT)  # fmt: skip
+           q, k, g, h, u, o, a.scale, T, H, K, V, NT)  # fmt: skip
     return o, final, *saved
 
 
 def backward(a: GatedDeltaArgs, grads: tuple, saved: tuple) -> list[torch.Tensor | None]:
     """Gradients (dq, dk, dv, dg, dbeta, dinitial_state), None for an absent initial_state;
     dg and dbeta in float32."""
-    q, k, v, beta, do = (t.contiguous() for t in (a.q, a.k, a.v, a.beta, grads[0]))
+    q, k, v, g, beta, do = (t.contiguous() for t in (a.q, a.k, a.v, a.g, a.beta, grads[0]))
     init = None if a.initial_state is None else a.initial_state.contiguous()
     dfinal = grads[1].contiguous() if a.output_final_state else None
     B, T, H, K = q.shape
     V = v.shape[-1]
-    u, h, A, gcum = saved
+    u, h, A = saved
     f32 = torch.float32
     dv = torch.empty_like(v)
     dinit = None if init is None else _empty(q, B, H, K, V, dtype=f32)
@@ -129,7 +129,7 @@ def backward(a: GatedDeltaArgs, grads: tuple, saved: tuple) -> list[torch.Tensor
     launches = chunked_launches(K, V, q.dtype, B * H, **flags)
     launch = launches["state_bwd"]
     launch((triton.cdiv(V, launch.constants["BV"]), B * H),
-           q, k, beta, A, gcum, do, dfinal_arg, dh, dr, dinit_arg, a.scale, T, H, K, V,
+           q, k, g, beta, A, do, dfinal_arg, dh, dr, dinit_arg, a.scale, T, H, K, V,
            NT)  # fmt: skip
     launch = launches["grad"]
     NK = triton.cdiv(K, launch.constants["BK"])
@@ -137,20 +137,21 @@ def backward(a: GatedDeltaArgs, grads: tuple, saved: tuple) -> list[torch.Tensor
     dk = torch.empty_like(k)
     dbeta_part = _empty(q, NK, B, T, H, dtype=f32)
     dg_part = _empty(q, NK, B, T, H, dtype=f32)
-    launch((NK, NT, B * H), q, k, v, beta, gcum, h, dh, u, dr, do, dq, dk, dv, dbeta_part,
+    launch((NK, NT, B * H), q, k, v, g, beta, h, dh, u, dr, do, dq, dk, dv, dbeta_part,
            dg_part, a.scale, B, T, H, K, V, NT)  # fmt: skip
     # Fixed-order sums over the K blocks: deterministic.
     return [dq, dk, dv, dg_part.sum(0), dbeta_part.sum(0), dinit]
 
 
-# Pointers to float32 buffers whatever the input dtype (states, u rows, decays, partial sums).
+# Pointers to float32 buffers whatever the input dtype (states, u rows, partial sums), and g,
+# which models compute in float32 (fla's layer does too) whatever the dtype of q, k, v.
 FLOAT32_POINTERS = frozenset(
     {
+        "g_ptr",
         "init_ptr",
         "final_ptr",
         "h_ptr",
         "u_ptr",
-        "gcum_ptr",
         "dfinal_ptr",
         "dinit_ptr",
         "dh_ptr",

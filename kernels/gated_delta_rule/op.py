@@ -2,8 +2,8 @@
 custom op; the scaffold is kernels._op).
 
 Both backends run the chunked algorithm (torch_path.py, forward.py / backward.py): the forward
-also returns what the backward needs from it (the chunks' start states, u rows, triangular
-inverses and in-chunk cumulative log decays), as outputs that the autograd glue keeps for the
+also returns what the backward needs from it (the chunks' start states, u rows and triangular
+inverses), as outputs that the autograd glue keeps for the
 backward.
 """
 
@@ -90,8 +90,8 @@ OP = Op(
     "B T H K",
     _validate,
     _fake,
-    6,
-    saved=4,
+    5,
+    saved=3,
     fold=_fold,
 )
 

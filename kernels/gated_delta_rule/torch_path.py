@@ -2,10 +2,12 @@
 matmuls, the delta rule's (kernels/delta_rule/torch_path.py) with the decays folded in.
 
 Within a chunk of C steps starting from state S (rows Q (pre-scaled), K, V, beta; Kb =
-diag(beta) K), let G_i be the cumulative sum of g over the chunk's steps up to i, e_i =
-exp(G_i), w_i = exp(G_C - G_i) (G_C the chunk's total) and Gamma[i, j] = exp(G_i - G_j) for
-j <= i (zero above the diagonal, never the exp of a positive difference when g <= 0). The
-per-step recurrence unrolls to
+diag(beta) K), let G_i = g_1 + ... + g_i (the chunk's cumulative log decay), e_i = exp(G_i),
+w_i = exp(G_C - G_i) (G_C the chunk's total) and Gamma[i, j] = exp(G_i - G_j) for j <= i (zero
+above the diagonal). Differences of G are never formed: they are the segment sums
+g_{j+1} + ... + g_i, summed directly (a masked cumulative sum), because with large decays
+(|G| ~ 1e4) G_i - G_j in float32 loses every digit; and with g <= 0 no exp of a positive number
+is taken. The per-step recurrence unrolls to
 
     L = tril(Kb K^T, -1) * Gamma ;  A = (I + L)^{-1}    (one triangular solve for all chunks)
     U = A (diag(beta) V - diag(e) Kb S)                 (the chunk's u_t rows)
@@ -18,8 +20,8 @@ multiple of C (padded steps have k = 0, beta = 0 and g = 0: they leave the state
 The backward is written out (the derivative of the above, as in the Triton kernels): a reverse
 loop over chunks for the state's gradient and dR = A^T dU, then batched matmuls over all chunks
 for the gradients of q, k, v, beta and of the cumulative decays G, whose reverse cumulative sum
-within each chunk is g's gradient. The forward saves the chunk start states, the U rows, A and
-G: no per-step state is ever kept.
+within each chunk is g's gradient. The forward saves the chunk start states, the U rows and A:
+no per-step state is ever kept.
 """
 
 from __future__ import annotations
@@ -41,8 +43,7 @@ def _chunks(T: int) -> tuple[int, int]:
 
 def empty_saved(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The forward's saved buffers, unfilled: U rows (n, B, H, C, V), chunk start states
-    (n, B, H, K, V), A (n, B, H, C, C) and the in-chunk cumulative log decays G (n, B, H, C),
-    in float32 (float64 for float64 inputs)."""
+    (n, B, H, K, V) and A (n, B, H, C, C), in float32 (float64 for float64 inputs)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     chunk, n = _chunks(T)
@@ -51,7 +52,6 @@ def empty_saved(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
         q.new_empty(n, B, H, chunk, V, dtype=dtype),
         q.new_empty(n, B, H, K, V, dtype=dtype),
         q.new_empty(n, B, H, chunk, chunk, dtype=dtype),
-        q.new_empty(n, B, H, chunk, dtype=dtype),
     )
 
 
@@ -62,19 +62,20 @@ def _chunked_inputs(a: GatedDeltaArgs):
     kc = _to_chunks(a.k.to(compute), chunk, n)
     vc = _to_chunks(a.v.to(compute), chunk, n)
     bc = _to_chunks(a.beta.to(compute).unsqueeze(-1), chunk, n)  # (n, B, H, C, 1)
-    gc = _to_chunks(a.g.to(compute).unsqueeze(-1), chunk, n).cumsum(3)  # G, (n, B, H, C, 1)
+    gc = _to_chunks(a.g.to(compute).unsqueeze(-1), chunk, n)  # (n, B, H, C, 1)
     return qc, kc, vc, bc, gc
 
 
 def _decays(gc: torch.Tensor):
-    """From G (n, B, H, C, 1): e = exp(G), w = exp(G_C - G) (both (n, B, H, C, 1)), e_C
-    (n, B, H, 1, 1) and Gamma (n, B, H, C, C) with zeros above the diagonal."""
+    """From the chunks' g (n, B, H, C, 1): e = exp(G), w = exp(G_C - G) (both
+    (n, B, H, C, 1)), e_C (n, B, H, 1, 1) and Gamma (n, B, H, C, C), zero above the diagonal."""
     C = gc.shape[3]
-    diff = gc - gc.transpose(-1, -2)  # diff[i, j] = G_i - G_j
-    below = torch.ones(C, C, dtype=torch.bool, device=gc.device).tril()
-    gamma = diff.masked_fill(~below, float("-inf")).exp()
-    last = gc[..., -1:, :]
-    return gc.exp(), (last - gc).exp(), last.exp(), gamma
+    ones = torch.ones(C, C, dtype=torch.bool, device=gc.device)
+    # seg[i, j] = g_{j+1} + ... + g_i: each column summed from zero, never G_i - G_j.
+    seg = (gc * ones.tril(-1)).cumsum(-2)  # gc * mask: [l, j] = g_l for l > j
+    gamma = seg.exp() * ones.tril()
+    G = gc.cumsum(3)
+    return G.exp(), seg[..., -1, :].unsqueeze(-1).exp(), G[..., -1:, :].exp(), gamma
 
 
 def forward(args: GatedDeltaArgs) -> tuple[torch.Tensor, ...]:
@@ -84,8 +85,7 @@ def forward(args: GatedDeltaArgs) -> tuple[torch.Tensor, ...]:
     q, initial_state = args.q, args.initial_state
     T = q.shape[1]
     qc, kc, vc, bc, gc = _chunked_inputs(args)
-    u, h, a, g_saved = empty_saved(q, args.v)
-    g_saved.copy_(gc.squeeze(-1))
+    u, h, a = empty_saved(q, args.v)
     e, w, e_last, gamma = _decays(gc)
     kb = kc * bc
     lower = (kb @ kc.transpose(-1, -2)) * gamma.tril(-1)
@@ -102,18 +102,18 @@ def forward(args: GatedDeltaArgs) -> tuple[torch.Tensor, ...]:
         state = e_last[c] * state + kw[c].transpose(-1, -2) @ u[c]
     o = (qc * e) @ h + ((qc @ kc.transpose(-1, -2)) * gamma) @ u  # (n, B, H, C, V)
     o = _from_chunks(o, T).to(q.dtype).contiguous()
-    return o, (state if args.output_final_state else None), u, h, a, g_saved
+    return o, (state if args.output_final_state else None), u, h, a
 
 
 def forward_states_at(args: GatedDeltaArgs, at: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """(o, the final state, the states after steps at[b, :] of each row b (B, P, H, K, V) in the
     compute dtype), without gradients. Inside a chunk the state after step j is
     e_j S + sum_{i <= j} Gamma[j, i] k_i u_i^T, from the chunk's start state S."""
-    o, final, u, h, _, g_saved = forward(args._replace(output_final_state=True))
-    chunk, n = _chunks(args.q.shape[1])
-    kc = _to_chunks(args.k.to(h.dtype), chunk, n)  # (n, B, H, C, K)
-    e, _, _, gamma = _decays(g_saved.unsqueeze(-1))
+    o, final, u, h, _ = forward(args._replace(output_final_state=True))
+    _, kc, _, _, gc = _chunked_inputs(args)
+    e, _, _, gamma = _decays(gc)
     rows = torch.arange(at.shape[0], device=at.device)[:, None]
+    chunk = kc.shape[3]
     c, j = at // chunk, at % chunk  # (B, P): each position's chunk and step in it
     weights = gamma[c, rows, :, j]  # (B, P, H, C): Gamma[j, i], zero for i > j
     keys = kc[c, rows] * weights[..., None]  # (B, P, H, C, K)
@@ -133,7 +133,7 @@ def backward(args: GatedDeltaArgs, grads: tuple, saved: tuple) -> list[torch.Ten
     do = grads[0]
     dfinal = grads[1] if args.output_final_state else None
     T, scale = args.q.shape[1], args.scale
-    u, h, a, _ = saved
+    u, h, a = saved
     qc, kc, vc, bc, gc = _chunked_inputs(args)
     chunk, n = _chunks(T)
     doc = _to_chunks(do.to(h.dtype), chunk, n)

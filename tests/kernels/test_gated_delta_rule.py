@@ -169,6 +169,19 @@ def test_strong_decay_and_long_sequence_stay_finite_and_exact(device, backend):
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_huge_decays_beside_small_ones_stay_exact(device, backend):
+    """A few steps that wipe the memory (g = -1e4, as -exp(A_log) softplus(.) gives with large
+    A) among slow decays: the in-chunk decays of the slow steps must not be formed as the
+    difference of cumulative sums near -1e4 (float32 keeps ~1e-3 of them there)."""
+    device = device if backend == "triton" else torch.device("cpu")
+    q, k, v, g, beta, s = _inputs(1, 70, 2, 16, 16, torch.float32, device, True, seed=8)
+    gen = torch.Generator().manual_seed(8)
+    wipe = torch.rand(g.shape, generator=gen) < 0.1
+    g = torch.where(wipe, -1e4, -0.01 * torch.rand(g.shape, generator=gen)).to(device)
+    _check_against_reference((q, k, v, g, beta, s), torch.float32, backend, True)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_zero_decay_is_the_delta_rule(device, backend):
     device = device if backend == "triton" else torch.device("cpu")
     q, k, v, g, beta, s = _inputs(1, 40, 2, 16, 20, torch.float32, device, True, seed=2)
