@@ -3,18 +3,21 @@
     causal_conv1d_fn   drop-in for causal_conv1d.causal_conv1d_fn
     selective_scan_fn  drop-in for mamba_ssm's selective_scan_fn
     chunk_delta_rule   drop-in for fla.ops.delta_rule.chunk_delta_rule
+    chunk_gated_delta_rule  drop-in for fla.ops.gated_delta_rule.chunk_gated_delta_rule
 
 This package imports torch and triton only, never mecheval.
 """
 
 from kernels.backend import get_backend, set_backend, use_backend
 from kernels.delta_rule import chunk_delta_rule
+from kernels.gated_delta_rule import chunk_gated_delta_rule
 from kernels.selective_scan import selective_scan_fn
 from kernels.short_conv import causal_conv1d_fn
 
 __all__ = [
     "causal_conv1d_fn",
     "chunk_delta_rule",
+    "chunk_gated_delta_rule",
     "get_backend",
     "selective_scan_fn",
     "set_backend",

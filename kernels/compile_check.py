@@ -8,7 +8,7 @@ registers, spilled bytes, shared memory and wgmma instructions; a kernel over on
 shared-memory limit would fail to launch on the GPU, and a kernel that must not use wgmma (see
 Specialisation.allow_wgmma) fails the check if it does.
 
-    python -m kernels.compile_check [--ops short_conv selective_scan delta_rule]
+    python -m kernels.compile_check [--ops short_conv selective_scan delta_rule gated_delta_rule]
 
 Run with TRITON_INTERPRET unset (under the interpreter `triton.jit` builds no compilable
 kernel). Exits non-zero if anything fails to compile or exceeds the limit.
@@ -31,7 +31,7 @@ from kernels._launch import Launch
 # Largest shared memory one block may use on sm_90 (H100/H200): 227 KiB.
 SM90_MAX_SHARED = 232448
 TRITON_DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-OPS = ("short_conv", "selective_scan", "delta_rule")
+OPS = ("short_conv", "selective_scan", "delta_rule", "gated_delta_rule")
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ patch are marked with `Site` / `StateSite` submodules (see `mecheval.layers.site
     ShortConvolution        fla-style short causal depthwise conv (an nn.Conv1d)
     Mamba                   mamba-ssm's Mamba layer (selective SSM)
     DeltaNet                fla's DeltaNet layer (delta rule)
+    GatedDeltaNet           fla's GatedDeltaNet layer (gated delta rule)
     CausalSelfAttention     softmax attention
     BaseConv                gated short or implicit long convolution (zoology)
     BasedLinearAttention    Based's Taylor-feature linear attention (zoology)
@@ -19,6 +20,7 @@ from mecheval.layers.attention import CausalSelfAttention
 from mecheval.layers.base_conv import BaseConv
 from mecheval.layers.based import BasedLinearAttention
 from mecheval.layers.delta_net import DeltaNet
+from mecheval.layers.gated_delta_net import GatedDeltaNet
 from mecheval.layers.h3 import H3
 from mecheval.layers.hyena import Hyena
 from mecheval.layers.long_conv import ImplicitFilter, ImplicitLongConvolution, long_causal_conv
@@ -34,6 +36,7 @@ __all__ = [
     "BasedLinearAttention",
     "CausalSelfAttention",
     "DeltaNet",
+    "GatedDeltaNet",
     "Hyena",
     "ImplicitFilter",
     "ImplicitLongConvolution",

@@ -25,6 +25,7 @@ from mecheval.layers import (
     BasedLinearAttention,
     CausalSelfAttention,
     DeltaNet,
+    GatedDeltaNet,
     Hyena,
     Mamba,
     Site,
@@ -169,6 +170,20 @@ def build_mixer(config: ModelConfig, layer_idx: int) -> nn.Module:
             d_model=d,
             num_heads=o("num_heads"),
             use_short_conv=arch == "deltanet",
+            conv_size=o("d_conv") or 4,
+            layer_idx=layer_idx,
+        )
+    if arch in ("gated_deltanet", "gated_deltanet_noconv"):
+        # One value per key dimension (expand_v 1, not fla's 2): DeltaNet's state size.
+        heads = o("num_heads")
+        if d % heads:
+            raise ValueError(f"gated_deltanet: d_model {d} must be divisible by num_heads {heads}")
+        return GatedDeltaNet(
+            d_model=d,
+            head_dim=d // heads,
+            num_heads=heads,
+            expand_v=1.0,
+            use_short_conv=arch == "gated_deltanet",
             conv_size=o("d_conv") or 4,
             layer_idx=layer_idx,
         )

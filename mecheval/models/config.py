@@ -23,6 +23,8 @@ ARCHITECTURES: tuple[str, ...] = (
     "mamba_noconv",
     "deltanet",
     "deltanet_noconv",
+    "gated_deltanet",
+    "gated_deltanet_noconv",
 )
 
 # base_conv_long and based_long are the study's Based ablation (its base_conv_long_only and
@@ -48,6 +50,8 @@ _DEFAULTS: dict[str, dict[str, object]] = {
     "mamba_noconv": {"position_embeddings": False, "d_state": 16, "expand": 2},
     "deltanet": {"position_embeddings": False, "d_conv": 4, "num_heads": 1},
     "deltanet_noconv": {"position_embeddings": False, "num_heads": 1},
+    "gated_deltanet": {"position_embeddings": False, "d_conv": 4, "num_heads": 1},
+    "gated_deltanet_noconv": {"position_embeddings": False, "num_heads": 1},
 }
 
 # Valid short-conv widths per architecture: the study's Mamba ablation covers 1..4 (and
@@ -91,10 +95,10 @@ class ModelConfig:
             bound of 1,029 tokens does; its documents never come close).
         position_embeddings: learned absolute position embeddings (default: attention only).
         d_state: SSM state size: mamba (16), h3 (l_max).
-        d_conv: short conv width: mamba (4; 1..4), deltanet (4), base_conv / based layer-0
-            short conv (3), hyena short filter (3).
+        d_conv: short conv width: mamba (4; 1..4), deltanet and gated_deltanet (4),
+            base_conv / based layer-0 short conv (3), hyena short filter (3).
         expand: mamba's d_inner / d_model (2).
-        num_heads: attention, based, deltanet (1).
+        num_heads: attention, based, deltanet, gated_deltanet (1).
         head_dim: h3 (2).
         feature_dim: based's feature dimension before the Taylor map (8).
         filter_order: width of the implicit long filter's MLP: hyena (64), the long convs of

@@ -1,10 +1,11 @@
-"""Oracles for the model tests: the Mamba and DeltaNet layers written straight from their
-published equations, one position at a time, in float64, from a plain dict of parameters (the
-names mamba-ssm and flash-linear-attention use). No `kernels` call, no mecheval layer code.
+"""Oracles for the model tests: the Mamba, DeltaNet and Gated DeltaNet layers written straight
+from their published equations, one position at a time, in float64, from a plain dict of
+parameters (the names mamba-ssm and flash-linear-attention use). No `kernels` call, no
+mecheval layer code.
 
-Both take an optional state patch: after position `positions[b]` of row b, the state is
-replaced by `values[b]` and the recurrence continues from it (the output at that position was
-already computed from the unpatched state).
+The recurrent ones take an optional state patch: after position `positions[b]` of row b, the
+state is replaced by `values[b]` and the recurrence continues from it (the output at that
+position was already computed from the unpatched state).
 """
 
 from __future__ import annotations
@@ -121,6 +122,52 @@ def delta_net_reference(
     o = torch.stack(outs, 1)  # (B, L, H, V)
     o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-5) * p["o_norm.weight"]
     out = _linear(o.reshape(B, L, H * V), p, "o_proj")
+    return out, torch.stack(states, 1)
+
+
+def gated_delta_net_reference(
+    params: dict, u: torch.Tensor, num_heads: int, patch=None, use_short_conv: bool = True
+):
+    """Gated DeltaNet (Yang et al. 2024) as fla's `GatedDeltaNet` layer computes it (use_gate,
+    one value head per key head): g = -exp(A_log) softplus(u W_a + dt_bias), beta =
+    sigmoid(u W_b), S_t = exp(g_t) S_{t-1} then the delta-rule write, output through a gated
+    RMSNorm (x / rms(x) * weight * silu(u W_g)).
+
+    params: q_proj, k_proj, v_proj, a_proj, b_proj, g_proj, o_proj .weight, A_log, dt_bias (H,),
+    q_conv1d, k_conv1d, v_conv1d .weight (C, 1, W), o_norm.weight (V,). u (B, L, d).
+
+    Returns (out (B, L, d) float64, states (B, L, H, K, V) float64).
+    """
+    p = _f64(params)
+    u = u.double()
+    B, L, _ = u.shape
+    H = num_heads
+    q, k, v = (_linear(u, p, f"{n}_proj") for n in "qkv")
+    if use_short_conv:
+        q, k, v = (
+            causal_depthwise_conv(t, p[f"{n}_conv1d.weight"])
+            for t, n in zip((q, k, v), "qkv", strict=True)
+        )
+    q, k, v = (F.silu(t).view(B, L, H, -1) for t in (q, k, v))
+    q = q / q.norm(dim=-1, keepdim=True)
+    k = k / k.norm(dim=-1, keepdim=True)
+    g = -torch.exp(p["A_log"]) * F.softplus(_linear(u, p, "a_proj") + p["dt_bias"])  # (B, L, H)
+    beta = torch.sigmoid(_linear(u, p, "b_proj"))
+    K, V = q.shape[-1], v.shape[-1]
+    S = u.new_zeros(B, H, K, V)
+    outs, states = [], []
+    for t in range(L):
+        kt, vt, qt = k[:, t], v[:, t], q[:, t]
+        S = torch.exp(g[:, t, :, None, None]) * S
+        delta = beta[:, t, :, None] * (vt - torch.einsum("bhkv,bhk->bhv", S, kt))
+        S = S + kt[..., :, None] * delta[..., None, :]
+        outs.append(torch.einsum("bhkv,bhk->bhv", S, qt * K**-0.5))
+        S = _patch(S, t, patch)
+        states.append(S)
+    o = torch.stack(outs, 1)  # (B, L, H, V)
+    gate = _linear(u, p, "g_proj").view(B, L, H, V)
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-5) * p["o_norm.weight"]
+    out = _linear((o * F.silu(gate)).reshape(B, L, H * V), p, "o_proj")
     return out, torch.stack(states, 1)
 
 

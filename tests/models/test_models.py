@@ -125,6 +125,8 @@ def test_state_sizes():
     assert make("mamba_noconv").state_size() == 2 * (2 * d) * 16
     assert make("deltanet").state_size() == 2 * (d * d + 3 * (3 * d))
     assert make("deltanet_noconv").state_size() == 2 * d * d
+    assert make("gated_deltanet").state_size() == 2 * (d * d + 3 * (3 * d))
+    assert make("gated_deltanet_noconv").state_size() == 2 * d * d
     assert make("base_conv").state_size() == d * 2 + d * n
     based_features = 1 + 8 + 8 * 9 // 2
     assert make("based").state_size() == d * 2 + (d + 1) * based_features
@@ -141,7 +143,9 @@ def _ops(arch: str) -> list[str]:
         ops.append("selective_scan")
     if arch in ("deltanet", "deltanet_noconv"):
         ops.append("delta_rule")
-    if arch not in ("mamba_noconv", "deltanet_noconv"):
+    if arch in ("gated_deltanet", "gated_deltanet_noconv"):
+        ops.append("gated_delta_rule")
+    if not arch.endswith("_noconv"):
         ops.append("short_conv")
     return ops
 

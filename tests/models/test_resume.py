@@ -53,6 +53,8 @@ def test_segments_equal_one_run(arch, cuts):
     [
         ("mamba", "state"),
         ("deltanet", "state"),
+        ("gated_deltanet", "state"),
+        ("gated_deltanet", "v_conv_input"),
         ("hyena", "long_conv_input"),
         ("h3", "long_conv_input"),
         ("h3", "conv_input"),

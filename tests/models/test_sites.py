@@ -9,7 +9,11 @@ import torch
 
 from mecheval.layers import Site, StateSite
 from mecheval.models import ARCHITECTURES, build_model
-from tests.models.references import delta_net_reference, mamba_reference
+from tests.models.references import (
+    delta_net_reference,
+    gated_delta_net_reference,
+    mamba_reference,
+)
 
 V, D, L = 40, 16, 8
 POSITIONS = torch.tensor([2, 5, 7])  # one per row, rows differ; 7 is the last position
@@ -54,6 +58,8 @@ EXPECTED_SITES = {
     "mamba_noconv": ["state"],
     "deltanet": [f"{n}_conv_{e}" for n in "qkv" for e in ("input", "output")] + ["state"],
     "deltanet_noconv": ["state"],
+    "gated_deltanet": [f"{n}_conv_{e}" for n in "qkv" for e in ("input", "output")] + ["state"],
+    "gated_deltanet_noconv": ["state"],
 }
 
 
@@ -102,7 +108,7 @@ def test_reads_at_positions_and_in_full(arch):
     d_inner = 2 * D
     if arch.startswith("mamba"):
         assert at["layers.0.state"].shape == (B, d_inner, 16)
-    if arch.startswith("deltanet"):
+    if arch.startswith(("deltanet", "gated_deltanet")):
         assert at["layers.1.state"].shape == (B, 1, D, D)
     assert full["layers.0.block_input"].shape == (B, L, D)
 
@@ -151,7 +157,17 @@ def test_patching_changes_outputs_only_from_the_patched_position(arch):
                     assert (out[b, p:] - clean[b, p:]).abs().max() > 1e-4, (name, b)
 
 
-@pytest.mark.parametrize("arch", ["mamba", "mamba_noconv", "deltanet", "deltanet_noconv"])
+@pytest.mark.parametrize(
+    "arch",
+    [
+        "mamba",
+        "mamba_noconv",
+        "deltanet",
+        "deltanet_noconv",
+        "gated_deltanet",
+        "gated_deltanet_noconv",
+    ],
+)
 @pytest.mark.parametrize("layer", [0, 1])
 def test_state_patch_equals_an_independent_patched_recurrence(arch, layer):
     """Model with `layers.{layer}.state` patched (scan split by the site) vs the same model
@@ -178,12 +194,15 @@ def test_state_patch_equals_an_independent_patched_recurrence(arch, layer):
                 params, block.norm(residual), patch=(POSITIONS, values), use_conv=arch == "mamba"
             )
         else:
-            mixed, states = delta_net_reference(
+            reference = (
+                gated_delta_net_reference if arch.startswith("gated") else delta_net_reference
+            )
+            mixed, states = reference(
                 params,
                 block.norm1(residual),
                 num_heads=1,
                 patch=(POSITIONS, values),
-                use_short_conv=arch == "deltanet",
+                use_short_conv=not arch.endswith("noconv"),
             )
         stream = residual + mixed.float()
         if not arch.startswith("mamba"):
@@ -198,7 +217,7 @@ def test_state_patch_equals_an_independent_patched_recurrence(arch, layer):
     torch.testing.assert_close(record[name].double(), states[rows(), POSITIONS])
 
 
-@pytest.mark.parametrize("arch", ["mamba", "deltanet"])
+@pytest.mark.parametrize("arch", ["mamba", "deltanet", "gated_deltanet"])
 def test_state_reads_match_the_recurrence(arch):
     model = make(arch)
     tokens = tokens_for()
@@ -214,9 +233,10 @@ def test_state_reads_match_the_recurrence(arch):
         if arch == "mamba":
             _, states = mamba_reference(block.mixer.state_dict(), block.norm(residual))
         else:
-            _, states = delta_net_reference(
-                block.mixer.state_dict(), block.norm1(residual), num_heads=1
+            reference = (
+                gated_delta_net_reference if arch.startswith("gated") else delta_net_reference
             )
+            _, states = reference(block.mixer.state_dict(), block.norm1(residual), num_heads=1)
     torch.testing.assert_close(
         record["layers.0.state"].double(), states[rows(), POSITIONS], atol=1e-5, rtol=1e-4
     )

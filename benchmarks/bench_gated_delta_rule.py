@@ -1,0 +1,100 @@
+"""Gated delta rule: forward and forward+backward, ours vs the fp32 recurrence vs fla's
+chunk_gated_delta_rule.
+
+On a GPU (bf16): our Triton path, the PyTorch path, the reference recurrence, and
+flash-linear-attention's `chunk_gated_delta_rule` when installed. On CPU (fp32): the PyTorch
+path (chunked WY form with in-chunk decays) vs the reference recurrence, side by side.
+
+Shapes as the delta rule's benchmark (benchmarks/bench_delta_rule.py): the study's model
+(B32 T37 H1 K=V=64), the GPU target's long one (B4 T2048 H16 K=V=128) and a narrower T=2048
+one (B1 H4) on which the reference's backward fits in a CPU's memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from benchmarks.common import DEVICE, DTYPE, installed, run_benchmark
+from kernels import chunk_gated_delta_rule
+from kernels.gated_delta_rule import gated_delta_rule_ref
+
+SHAPES = {
+    "model B32 T37 H1 K=V=64": (32, 37, 1, 64, 64),
+    "long B4 T2048 H16 K=V=128": (4, 2048, 16, 128, 128),
+    "long-narrow B1 T2048 H4 K=V=128": (1, 2048, 4, 128, 128),
+}
+
+
+def _ours(backend: str) -> Callable:
+    def call(*args, **kwargs):
+        return chunk_gated_delta_rule(*args, **kwargs, backend=backend)
+
+    return call
+
+
+def _implementations() -> dict[str, Callable]:
+    impls: dict[str, Callable] = {"reference": gated_delta_rule_ref}
+    if DEVICE.type == "cuda":
+        impls["ours (triton)"] = _ours("triton")
+        if installed("fla"):
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as peer
+
+            impls["fla"] = peer
+    impls["ours (torch)"] = _ours("torch")
+    return impls
+
+
+IMPLS = _implementations()
+
+
+@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("pass_", ["forward", "forward+backward"])
+def test_gated_delta_rule(benchmark, copy_bandwidth, impl, shape, pass_):
+    B, T, H, K, V = SHAPES[shape]
+    backward = pass_ == "forward+backward"
+    on_cpu = DEVICE.type == "cpu"
+    if impl == "reference" and backward and on_cpu and B * H * K * V * T > 2**28:
+        pytest.skip("the reference's autograd would keep every step's state (~16 GB)")
+    fn = IMPLS[impl]
+    gen = torch.Generator().manual_seed(0)
+    make = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    leaf = lambda t, dtype=DTYPE: t.to(DEVICE, dtype).requires_grad_(backward)  # noqa: E731
+    q, k, v = (
+        leaf(make(B, T, H, K)),
+        leaf(F.normalize(make(B, T, H, K), dim=-1)),
+        leaf(make(B, T, H, V)),
+    )
+    g = leaf(F.logsigmoid(make(B, T, H) + 2), torch.float32)  # models keep g in float32
+    beta = leaf(torch.rand(B, T, H, generator=gen))
+    do = make(B, T, H, V).to(DEVICE, DTYPE)
+
+    def step():
+        o, _ = fn(q, k, v, g, beta)
+        if backward:
+            torch.autograd.backward(o, do)
+        return o
+
+    size = torch.finfo(DTYPE).bits // 8
+    inputs = B * T * H * ((2 * K + V + 1) * size + 4)  # q, k, v, beta; g in float32
+    output = B * T * H * V * size
+    # forward: read the inputs, write o; backward: read the inputs and do, write their grads.
+    nbytes = inputs + output + (2 * inputs + output if backward else 0)
+    benchmark.group = f"gated_delta_rule {shape} {pass_}"
+    slow = on_cpu and T >= 2048 and impl == "reference"
+    run_benchmark(
+        benchmark,
+        step,
+        nbytes=nbytes,
+        copy_bandwidth=copy_bandwidth,
+        slow=slow,
+        op="chunk_gated_delta_rule",
+        impl=impl,
+        shape=shape,
+        dtype=str(DTYPE),
+        pass_=pass_,
+    )

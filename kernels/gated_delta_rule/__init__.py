@@ -1,0 +1,6 @@
+"""The gated delta rule (Gated DeltaNet): reference, PyTorch path, Triton kernels, public op."""
+
+from kernels.gated_delta_rule.op import chunk_gated_delta_rule
+from kernels.gated_delta_rule.reference import gated_delta_rule_ref
+
+__all__ = ["chunk_gated_delta_rule", "gated_delta_rule_ref"]

@@ -1,0 +1,167 @@
+"""Triton kernels of the gated delta rule's chunked backward (notation in torch_path.py and
+common.py), two launches, the delta rule's (kernels/delta_rule/backward.py) with the decays;
+only chunk-boundary states are kept. With dS' the gradient of a chunk's end state,
+
+    dU = (tril(Q K^T) * Gamma)^T dO + diag(w) K dS' ;  dR = A^T dU
+    dS = e_C dS' + Q^T diag(e) dO - Kb^T diag(e) dR                 (the start state's gradient)
+
+  `chunk_state_bwd_kernel`  grid (V blocks, B*H): the reverse pass over chunks for dS, dR.
+  `chunk_grad_kernel`  grid (K blocks, chunks, B*H): dq, dk, dv, dbeta and dg of a chunk,
+      summing over V inside the program. The gradient of each G_i (through e, w, e_C and the
+      Gamma factors of both triangular matrices) is a sum over K too, so the program writes
+      its K block's part, already turned into g's gradient (a reverse cumulative sum over the
+      chunk, which is linear); dbeta's and dg's sums over K blocks are finished on the host in
+      a fixed order (no atomics anywhere: gradients are bitwise reproducible).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.delta_rule.backward import _rows_at
+from kernels.delta_rule.common import chunk_rows, dot, dot_t, load_rows, load_state, state_tile
+from kernels.gated_delta_rule.common import chunk_decays
+
+
+@triton.jit
+def chunk_state_bwd_kernel(
+    q_ptr, k_ptr, g_ptr, beta_ptr, a_ptr, do_ptr, dfinal_ptr, dh_ptr, dr_ptr, dinit_ptr,
+    scale, T, H, K, V, NT,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_DFINAL: tl.constexpr, STORE_DINIT: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    bh = tl.program_id(1)
+    b, h = bh // H, bh % H
+    DT = k_ptr.dtype.element_ty
+    offs_c = tl.arange(0, C)
+    offs_k, offs_v, mask_k, mask_v, state_offs, mask_kv = state_tile(tl.program_id(0), K, V, BK, BV)
+    bh64 = bh.to(tl.int64)
+    dstate = load_state(dfinal_ptr, bh64, K, V, state_offs, mask_kv, HAS_DFINAL, BK, BV)
+    for i in range(NT):
+        c = NT - 1 - i
+        t, mask_t, row_base = chunk_rows(b, h, c, T, H, C)
+        mask_tv = mask_t[:, None] & mask_v[None, :]
+        tl.store(dh_ptr + (bh64 * NT + c) * K * V + state_offs, dstate, mask=mask_kv)
+        e, e_last, w, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
+        qc = load_rows(q_ptr, row_base, mask_t, offs_k, mask_k, K)
+        kc = load_rows(k_ptr, row_base, mask_t, offs_k, mask_k, K)
+        do = load_rows(do_ptr, row_base, mask_t, offs_v, mask_v, V)
+        beta = tl.load(beta_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
+        a = tl.load(a_ptr + ((bh64 * NT + c) * C + offs_c[:, None]) * C + offs_c[None, :])
+        # kq[j, i] = k_j.q_i Gamma[i, j]: (tril(Q K^T) * Gamma)^T
+        kq = dot(kc, tl.trans(qc), IEEE, DT) * tl.trans(gamma)
+        kw = kc.to(tl.float32) * w[:, None]
+        du = dot(kw, dstate, IEEE, DT) + scale * dot(kq, do, IEEE, DT)
+        dr = dot(tl.trans(a), du, IEEE, DT)
+        tl.store(dr_ptr + (bh64 * T + t)[:, None] * V + offs_v[None, :], dr, mask=mask_tv)
+        # Q^T diag(e) dO and Kb^T diag(e) dR: scale the narrower tiles.
+        dstate = e_last * dstate + scale * dot_t(qc, e[:, None] * do, IEEE, DT)
+        dstate -= dot_t(kc, (beta * e)[:, None] * dr, IEEE, DT)
+    if STORE_DINIT:
+        tl.store(dinit_ptr + bh64 * K * V + state_offs, dstate, mask=mask_kv)
+
+
+@triton.jit
+def _row_minus_column(x):
+    """The gradient of each G_i from a matrix of gradient-times-value entries that depend on
+    G_i - G_j (see torch_path._row_minus_column)."""
+    return tl.sum(x, axis=1) - tl.sum(x, axis=0)
+
+
+@triton.jit
+def chunk_grad_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, h_ptr, dh_ptr, u_ptr, dr_ptr, do_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dbeta_part_ptr, dg_part_ptr, scale, B, T, H, K, V, NT,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    pid_k = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    bh = tl.program_id(2)
+    b, h = bh // H, bh % H
+    DT = k_ptr.dtype.element_ty
+    offs_c = tl.arange(0, C)
+    offs_k = pid_k * BK + tl.arange(0, BK)
+    mask_k = offs_k < K
+    t, mask_t, row_base = chunk_rows(b, h, pid_c, T, H, C)
+    bh64 = bh.to(tl.int64)
+    state_base = (bh64 * NT + pid_c) * K * V
+    mask_tk = mask_t[:, None] & mask_k[None, :]
+    qc = load_rows(q_ptr, row_base, mask_t, offs_k, mask_k, K)
+    kc = load_rows(k_ptr, row_base, mask_t, offs_k, mask_k, K)
+    beta = tl.load(beta_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
+    e, e_last, w, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
+
+    # Pass 1 over V: the (C, C) products, dv, and beta's V-part (the last two do not depend on
+    # the K block: the first K block writes them).
+    do_u = tl.zeros((C, C), dtype=tl.float32)  # dO U^T
+    dr_u = tl.zeros((C, C), dtype=tl.float32)  # dR U^T
+    dbeta_v = tl.zeros((C,), dtype=tl.float32)  # from diag(beta) V
+    first_k = (offs_c * 0 + pid_k) == 0  # (C,): whether this is the first K block
+    for v0 in range(0, V, BV):
+        offs_v, mask_v, mask_tv, do, u, dr = _rows_at(
+            do_ptr, u_ptr, dr_ptr, row_base, bh64, t, mask_t, v0, T, V, BV
+        )
+        vc = load_rows(v_ptr, row_base, mask_t, offs_v, mask_v, V)
+        do_u += dot(do, tl.trans(u), IEEE, DT)
+        dr_u += dot(dr, tl.trans(u), IEEE, DT)
+        dbeta_v += tl.sum(dr * vc.to(tl.float32), axis=1)
+        tl.store(
+            dv_ptr + row_base[:, None] * V + offs_v[None, :],
+            (beta[:, None] * dr).to(dv_ptr.dtype.element_ty),
+            mask=mask_tv & first_k[:, None],
+        )
+    rows = offs_c[:, None]
+    cols = offs_c[None, :]
+    dqk = do_u * scale * gamma  # gradient of Q K^T (gamma is zero above the diagonal)
+    dl = tl.where(rows > cols, -dr_u * gamma, 0.0)  # gradient of Kb K^T (strictly lower)
+    kb = kc.to(tl.float32) * beta[:, None]
+    # The Gamma-dependent parts of G's gradient, this K block's share of Q K^T and K K^T.
+    dG = _row_minus_column(dqk * dot(qc, tl.trans(kc), IEEE, DT))
+    dG += _row_minus_column(dl * beta[:, None] * dot(kc, tl.trans(kc), IEEE, DT))
+    dq = dot(dqk, kc, IEEE, DT)
+    dk = dot(tl.trans(dqk), qc, IEEE, DT) + dot(tl.trans(dl), kb, IEEE, DT)
+    dkb = dot(dl, kc, IEEE, DT)  # gradient of Kb = diag(beta) K
+    # Pass 2 over V: the terms through the chunk's start state and its gradient.
+    do_s = tl.zeros((C, BK), dtype=tl.float32)  # dO S^T
+    dr_s = tl.zeros((C, BK), dtype=tl.float32)  # dR S^T
+    u_ds = tl.zeros((C, BK), dtype=tl.float32)  # U dS'^T
+    s_ds = tl.zeros((BK,), dtype=tl.float32)  # <S, dS'> per key row
+    for v0 in range(0, V, BV):
+        offs_v, mask_v, mask_tv, do, u, dr = _rows_at(
+            do_ptr, u_ptr, dr_ptr, row_base, bh64, t, mask_t, v0, T, V, BV
+        )
+        kv_offs = offs_k[:, None] * V + offs_v[None, :]
+        mask_kv = mask_k[:, None] & mask_v[None, :]
+        state = tl.load(h_ptr + state_base + kv_offs, mask=mask_kv, other=0.0)
+        dstate = tl.load(dh_ptr + state_base + kv_offs, mask=mask_kv, other=0.0)
+        do_s += dot(do, tl.trans(state), IEEE, DT)
+        dr_s += dot(dr, tl.trans(state), IEEE, DT)
+        u_ds += dot(u, tl.trans(dstate), IEEE, DT)
+        s_ds += tl.sum(state * dstate, axis=1)
+    dq += scale * e[:, None] * do_s
+    dk += w[:, None] * u_ds
+    dkb -= e[:, None] * dr_s
+    dk += beta[:, None] * dkb
+    dbeta = tl.sum(dkb * kc.to(tl.float32), axis=1) + tl.where(first_k, dbeta_v, 0.0)
+    through_w = w * tl.sum(kc.to(tl.float32) * u_ds, axis=1)
+    dG += scale * e * tl.sum(qc.to(tl.float32) * do_s, axis=1)
+    dG -= e * tl.sum(kb * dr_s, axis=1) + through_w
+    # e_C and w's G_C: the chunk's last row (a padded one in a ragged chunk: G_C all the same).
+    last = e_last * tl.sum(s_ds, axis=0) + tl.sum(through_w, axis=0)
+    dG += tl.where(offs_c == C - 1, last, 0.0)
+    # G_i = g_1 + ... + g_i: dg_j = sum_{i >= j} dG_i, summed directly (no cancellation).
+    dg = tl.sum(tl.where(rows >= cols, dG[:, None], 0.0), axis=0)
+    tl.store(
+        dq_ptr + row_base[:, None] * K + offs_k[None, :],
+        dq.to(dq_ptr.dtype.element_ty),
+        mask=mask_tk,
+    )
+    tl.store(
+        dk_ptr + row_base[:, None] * K + offs_k[None, :],
+        dk.to(dk_ptr.dtype.element_ty),
+        mask=mask_tk,
+    )
+    part = pid_k.to(tl.int64) * B * T * H
+    tl.store(dbeta_part_ptr + part + row_base, dbeta, mask=mask_t)
+    tl.store(dg_part_ptr + part + row_base, dg, mask=mask_t)

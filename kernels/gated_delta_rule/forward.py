@@ -1,0 +1,131 @@
+"""Triton kernels of the gated delta rule's chunked forward (notation in torch_path.py and
+common.py), three launches, the delta rule's (kernels/delta_rule/forward.py) with the decays:
+
+`chunk_inverse_kernel`  grid (chunks, B*H): A = (I + L)^{-1}, L = tril(Kb K^T, -1) * Gamma: the
+    diagonal 16 x 16 blocks inverted by forward substitution, merged with tl.dot by Horner's
+    rule, as the delta rule does.
+`chunk_state_fwd_kernel`  grid (V blocks, B*H): the sequential pass over chunks, the state
+    tile (K, BV) on chip; U = A (diag(beta) V - diag(e) Kb S), S' = e_C S + (diag(w) K)^T U;
+    stores each chunk's start state and U rows (saved for the backward) and the final state.
+`chunk_output_kernel`  grid (V blocks, chunks, B*H): O = diag(e) Q S + (tril(Q K^T) * Gamma) U.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.delta_rule.common import (
+    chunk_rows,
+    dot,
+    dot_f32,
+    dot_t,
+    load_rows,
+    load_state,
+    state_tile,
+)
+from kernels.gated_delta_rule.common import chunk_decays
+
+
+@triton.jit
+def chunk_inverse_kernel(
+    k_ptr, g_ptr, beta_ptr, a_ptr, T, H, K, NT,
+    C: tl.constexpr, SB: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    pid_c = tl.program_id(0)
+    bh = tl.program_id(1)
+    b, h = bh // H, bh % H
+    offs_c = tl.arange(0, C)
+    t, mask_t, row_base = chunk_rows(b, h, pid_c, T, H, C)
+    gram = tl.zeros((C, C), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        offs_k = k0 + tl.arange(0, BK)
+        kc = load_rows(k_ptr, row_base, mask_t, offs_k, offs_k < K, K)
+        gram += dot(kc, tl.trans(kc), IEEE, k_ptr.dtype.element_ty)
+    beta = tl.load(beta_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
+    _, _, _, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
+
+    rows = offs_c[:, None]
+    cols = offs_c[None, :]
+    eye = tl.where(rows == cols, 1.0, 0.0)
+    # L[i, j] = beta_i exp(G_i - G_j) k_i.k_j, j < i
+    lower = tl.where(rows > cols, gram * beta[:, None] * gamma, 0.0)
+    same_block = (rows // SB) == (cols // SB)
+    lower_d = tl.where(same_block, lower, 0.0)
+    # Forward substitution inside every diagonal block at once: step i finalises row i of each
+    # block, A[r] = e_r - sum_j L[r, j] A[j]; rows of different blocks never mix.
+    inv_d = eye
+    for i in range(1, SB):
+        sel = (rows % SB) == i
+        l_row = tl.sum(tl.where(sel, lower_d, 0.0), axis=0)  # L[r(j), j], r(j) j's block row
+        update = tl.sum(l_row[:, None] * inv_d, axis=0)
+        inv_d = tl.where(sel & same_block, inv_d - update[None, :], inv_d)
+    inv = inv_d
+    if C > SB:
+        n = dot_f32(inv_d, lower - lower_d, IEEE)  # strictly block-lower: N^(C/SB) = 0
+        x = eye
+        for _ in tl.static_range(C // SB - 1):
+            x = eye - dot_f32(n, x, IEEE)
+        inv = dot_f32(x, inv_d, IEEE)
+    a_base = (bh.to(tl.int64) * NT + pid_c) * C * C
+    tl.store(a_ptr + a_base + rows * C + cols, inv.to(a_ptr.dtype.element_ty))
+
+
+@triton.jit
+def chunk_state_fwd_kernel(
+    k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, init_ptr, h_ptr, u_ptr, final_ptr,
+    T, H, K, V, NT,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_INIT: tl.constexpr, STORE_FINAL: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    bh = tl.program_id(1)
+    b, h = bh // H, bh % H
+    DT = k_ptr.dtype.element_ty
+    offs_c = tl.arange(0, C)
+    offs_k, offs_v, mask_k, mask_v, state_offs, mask_kv = state_tile(tl.program_id(0), K, V, BK, BV)
+    bh64 = bh.to(tl.int64)
+    state = load_state(init_ptr, bh64, K, V, state_offs, mask_kv, HAS_INIT, BK, BV)
+    for c in range(NT):
+        t, mask_t, row_base = chunk_rows(b, h, c, T, H, C)
+        tl.store(h_ptr + (bh64 * NT + c) * K * V + state_offs, state, mask=mask_kv)
+        e, e_last, w, _ = chunk_decays(g_ptr, row_base, mask_t, C)
+        kc = load_rows(k_ptr, row_base, mask_t, offs_k, mask_k, K)
+        vc = load_rows(v_ptr, row_base, mask_t, offs_v, mask_v, V).to(tl.float32)
+        beta = tl.load(beta_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
+        a = tl.load(a_ptr + ((bh64 * NT + c) * C + offs_c[:, None]) * C + offs_c[None, :])
+        r = beta[:, None] * (vc - e[:, None] * dot(kc, state, IEEE, DT))
+        u = dot(a, r, IEEE, DT)
+        tl.store(
+            u_ptr + (bh64 * T + t)[:, None] * V + offs_v[None, :],
+            u,
+            mask=mask_t[:, None] & mask_v[None, :],
+        )
+        kw = kc.to(tl.float32) * w[:, None]
+        state = e_last * state + dot_t(kw, u, IEEE, DT)
+    if STORE_FINAL:
+        tl.store(final_ptr + bh64 * K * V + state_offs, state, mask=mask_kv)
+
+
+@triton.jit
+def chunk_output_kernel(
+    q_ptr, k_ptr, g_ptr, h_ptr, u_ptr, o_ptr, scale, T, H, K, V, NT,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    pid_c = tl.program_id(1)
+    bh = tl.program_id(2)
+    b, h = bh // H, bh % H
+    DT = k_ptr.dtype.element_ty
+    offs_k, offs_v, mask_k, mask_v, state_offs, mask_kv = state_tile(tl.program_id(0), K, V, BK, BV)
+    t, mask_t, row_base = chunk_rows(b, h, pid_c, T, H, C)
+    bh64 = bh.to(tl.int64)
+    mask_tv = mask_t[:, None] & mask_v[None, :]
+    e, _, _, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
+    qc = load_rows(q_ptr, row_base, mask_t, offs_k, mask_k, K)
+    kc = load_rows(k_ptr, row_base, mask_t, offs_k, mask_k, K)
+    state = tl.load(h_ptr + (bh64 * NT + pid_c) * K * V + state_offs, mask=mask_kv, other=0.0)
+    u = tl.load(u_ptr + (bh64 * T + t)[:, None] * V + offs_v[None, :], mask=mask_tv, other=0.0)
+    qk = dot(qc, tl.trans(kc), IEEE, DT) * gamma
+    o = (e[:, None] * dot(qc, state, IEEE, DT) + dot(qk, u, IEEE, DT)) * scale
+    tl.store(
+        o_ptr + row_base[:, None] * V + offs_v[None, :], o.to(o_ptr.dtype.element_ty), mask=mask_tv
+    )

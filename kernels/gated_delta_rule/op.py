@@ -1,0 +1,179 @@
+"""`chunk_gated_delta_rule`: the public gated-delta-rule op (validation and the call of its
+custom op; the scaffold is kernels._op).
+
+Both backends run the chunked algorithm (torch_path.py, forward.py / backward.py): the forward
+also returns what the backward needs from it (the chunks' start states, u rows and triangular
+inverses), as outputs that the autograd glue keeps for the
+backward.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from kernels._op import Op, compute_dtype, needs_grad
+from kernels.delta_rule.reference import l2_normalize
+from kernels.stacking import fold_into, is_batched, unfold_from
+from kernels.validation import check_positions, check_range, check_tensor
+
+MAX_HEAD_DIM = 256
+
+
+class GatedDeltaArgs(NamedTuple):
+    """The custom op's inputs."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    initial_state: torch.Tensor | None
+    scale: float
+    output_final_state: bool
+
+
+def _validate(dtypes, q, k, v, g, beta, scale, initial_state) -> None:
+    op = OP.public
+    sizes: dict[str, int] = {}
+    check_tensor(op, "q", q, "B T H K", sizes, dtypes)
+    if sizes["T"] < 1:
+        raise ValueError(f"{op}: q must have at least one position (T >= 1), got T = 0")
+    if sizes["H"] < 1:
+        raise ValueError(f"{op}: q must have at least one head (H >= 1), got H = 0")
+    check_range(op, "head dimension K of q and k", sizes["K"], 1, MAX_HEAD_DIM)
+    # q, k and v share one dtype (the kernels multiply them together in it).
+    check_tensor(op, "k", k, "B T H K", sizes, (q.dtype,))
+    check_tensor(op, "v", v, "B T H V", sizes, (q.dtype,))
+    check_tensor(op, "g", g, "B T H", sizes, dtypes)
+    check_tensor(op, "beta", beta, "B T H", sizes, dtypes)
+    check_range(op, "head dimension V of v", sizes["V"], 1, MAX_HEAD_DIM)
+    if initial_state is not None:
+        check_tensor(op, "initial_state", initial_state, "B H K V", sizes, dtypes)
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise TypeError(f"{op}: scale must be a float or None, got {type(scale).__name__}")
+        if not math.isfinite(scale):
+            raise ValueError(f"{op}: scale must be finite, got {scale}")
+    # A NaN or infinite log decay poisons every later state (exp(-inf) * inf): refuse it by name.
+    # A data-dependent test, so eager calls only (torch.compile and vmap trace through here).
+    traced = torch.compiler.is_compiling() or is_batched(g) or g.device.type == "meta"
+    if not traced and g.numel() and not bool(torch.isfinite(g).all()):
+        raise ValueError(f"{op}: g (the log decays) must be finite, got inf or NaN values")
+
+
+def _fake(a: GatedDeltaArgs, backend: str) -> tuple:
+    B, T, H, K = a.q.shape
+    final = None
+    if a.output_final_state:
+        final = a.q.new_empty(B, H, K, a.v.shape[-1], dtype=compute_dtype(a.q))
+    saved = OP.implementation(backend).empty_saved(a.q, a.v)
+    return (a.q.new_empty(B, T, H, a.v.shape[-1]), final, *saved)
+
+
+def _fold(a: GatedDeltaArgs, dims: GatedDeltaArgs, m: int):
+    """Stacked models (kernels.stacking): the model axis folds into the heads."""
+    heads = ("q", "k", "v", "g", "beta")
+    folded = a._replace(
+        **{f: fold_into(getattr(a, f), getattr(dims, f), m, 2) for f in heads},
+        initial_state=fold_into(a.initial_state, dims.initial_state, m, 1),
+    )
+    return folded, lambda i, t: unfold_from(t, m, 2 - i) if i < 2 else (t, None)
+
+
+OP = Op(
+    __package__,
+    "chunk_gated_delta_rule",
+    GatedDeltaArgs,
+    "B T H K",
+    _validate,
+    _fake,
+    5,
+    saved=3,
+    fold=_fold,
+)
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    *,
+    states_at: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """The gated delta rule (Gated DeltaNet), drop-in for
+    `fla.ops.gated_delta_rule.chunk_gated_delta_rule`.
+
+    Per batch row and head, with a (K, V) state S: S' = exp(g_t) S_{t-1};
+    u_t = beta_t (v_t - S'^T k_t); S_t = S' + k_t u_t^T; o_t = S_t^T (scale q_t).
+
+    Args:
+        q: (B, T, H, K) float32/float16/bfloat16 (float64 on the PyTorch path); any strides.
+        k: (B, T, H, K), q's dtype.
+        v: (B, T, H, V), q's dtype.
+        g: (B, T, H), the log decays (finite; <= 0 for a decaying memory, as a model's
+            -exp(A_log) * softplus(...) is; positive values are accepted, as fla does).
+        beta: (B, T, H), the write strengths (in [0, 2] for a stable memory).
+        scale: the query scale; None means K ** -0.5.
+        initial_state: optional (B, H, K, V), the state before the first step (float32
+            recommended; any of the float dtypes is accepted and its gradient has its dtype).
+        output_final_state: also return the state after the last step.
+        use_qk_l2norm_in_kernel: L2-normalise q and k over K (per token and head) inside the
+            op, gradients included.
+        states_at: (ours) optional (B, P) integer positions: also return the state after
+            steps states_at[b, :] of each row b, from the same one pass. Without gradients it
+            runs the PyTorch path, on any device; when a gradient is needed, one call per step
+            (slow, exact).
+        backend: "auto", "triton" or "torch"; None uses the process default (kernels.backend).
+
+    Returns:
+        o (B, T, H, V) in q's dtype, and the final state (B, H, K, V) in float32 (float64 for
+        float64 inputs) or None; with `states_at`, a third element, the states
+        (B, P, H, K, V) in the final state's dtype.
+    """
+    chosen = OP.check(
+        backend, q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state
+    )
+    T, K = q.shape[1], q.shape[3]
+    scale = K**-0.5 if scale is None else float(scale)
+    if use_qk_l2norm_in_kernel:
+        compute = compute_dtype(q)
+        q = l2_normalize(q.to(compute)).to(q.dtype)
+        k = l2_normalize(k.to(compute)).to(k.dtype)
+    a = GatedDeltaArgs(q, k, v, g, beta, initial_state, scale, bool(output_final_state))
+    if states_at is not None:
+        at = check_positions(OP.public, states_at, q.shape[0], T, q.device)
+        if needs_grad(a):
+            o, final, states = _states_by_steps(a, chosen)
+            states = states[torch.arange(len(at), device=at.device)[:, None], at]
+        else:
+            o, final, states = OP.implementation("torch").forward_states_at(a, at)
+        return o, (final if output_final_state else None), states
+    o, final, *_ = OP(a, chosen)
+    return o, (final if output_final_state else None)
+
+
+def _states_by_steps(a: GatedDeltaArgs, backend: str) -> tuple:
+    """(o, final, states (B, T, H, K, V)) with gradients: one call per step, each from the
+    state the previous one left (q and k are already normalised)."""
+    outs, states, state = [], [], a.initial_state
+    for t in range(a.q.shape[1]):
+        o, state = chunk_gated_delta_rule(
+            *(x[:, t : t + 1] for x in (a.q, a.k, a.v, a.g, a.beta)),
+            scale=a.scale,
+            initial_state=state,
+            output_final_state=True,
+            backend=backend,
+        )
+        outs.append(o)
+        states.append(state)
+    return torch.cat(outs, dim=1), state, torch.stack(states, dim=1)

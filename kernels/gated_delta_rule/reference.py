@@ -1,0 +1,64 @@
+"""The gated delta rule (Gated DeltaNet, Yang et al. 2024) written for clarity, as its per-step
+recurrence: the test oracle. fla's `chunk_gated_delta_rule` computes the same.
+
+Per batch row and head, with a (K, V) matrix memory S and g_t the log decay of step t:
+
+    S'_{t-1} = exp(g_t) S_{t-1}                # forget: decay the whole memory
+    u_t = beta_t * (v_t - S'_{t-1}^T k_t)      # the error between the value and what S' recalls
+    S_t = S'_{t-1} + k_t u_t^T                 # write the correction under key k_t
+    o_t = S_t^T (scale * q_t)                  # read with the query, after the write
+
+S_0 is `initial_state` (or zero); scale defaults to K ** -0.5. With g = 0 this is the delta rule.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.delta_rule.reference import l2_normalize
+
+
+def gated_delta_rule_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    states_at: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """q, k (B, T, H, K); v (B, T, H, V); g, beta (B, T, H); initial_state (B, H, K, V).
+
+    Computes in float32 (float64 stays float64). Returns o (B, T, H, V) in q's dtype and, with
+    `output_final_state`, the state after the last step (B, H, K, V) in the compute dtype (else
+    None), then, with `states_at` (B, P) integer, the states after steps states_at[b, :] of each
+    row b, (B, P, H, K, V).
+    """
+    out_dtype = q.dtype
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if scale is None:
+        scale = K**-0.5
+    q, k, v, g, beta = (t.to(compute) for t in (q, k, v, g, beta))
+    if use_qk_l2norm_in_kernel:
+        q, k = l2_normalize(q), l2_normalize(k)
+    S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(compute)
+    outputs, states = [], []
+    for t in range(T):
+        k_t, v_t, q_t, beta_t = k[:, t], v[:, t], q[:, t], beta[:, t, :, None]
+        S = torch.exp(g[:, t, :, None, None]) * S
+        recalled = torch.einsum("bhk,bhkv->bhv", k_t, S)
+        u_t = beta_t * (v_t - recalled)
+        S = S + k_t[..., :, None] * u_t[..., None, :]
+        outputs.append(torch.einsum("bhk,bhkv->bhv", scale * q_t, S))
+        states.append(S)
+    o = torch.stack(outputs, dim=1).to(out_dtype)
+    if states_at is not None:
+        rows = torch.arange(B, device=q.device)[:, None]
+        picked = torch.stack(states, dim=1)[rows, states_at.to(q.device)]
+        return o, (S if output_final_state else None), picked
+    return o, (S if output_final_state else None)

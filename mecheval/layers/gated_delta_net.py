@@ -1,0 +1,230 @@
+"""Gated DeltaNet (Yang et al. 2024, "Gated Delta Networks: Improving Mamba2 with Delta Rule"),
+following flash-linear-attention's layer.
+
+Parameter names and shapes follow `fla.layers.GatedDeltaNet` (one value head per key head):
+
+    q, k, v = silu(conv(u W_q)), silu(conv(u W_k)), silu(conv(u W_v))   short convs, width 4
+    q, k = q / |q|, k / |k|                                             per head
+    g_t = -exp(A_log) * softplus(u_t W_a + dt_bias)                      log decay, per head
+    beta_t = sigmoid(u_t W_b)                                            write strength, per head
+    S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T    S_t (K, V) per head
+    o_t = S_t^T q_t / sqrt(K)
+    out = (rmsnorm(o) * w_norm * silu(u W_g)) W_o          gated RMSNorm per head (use_gate)
+
+The recurrence runs through `kernels.chunk_gated_delta_rule` (q and k normalised inside it).
+Not supported from fla: `mode` (the kernel backend decides), `num_v_heads` > num_heads
+(grouped value heads), padding masks, caches.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernels
+from mecheval.layers.resume import Resume
+from mecheval.layers.short_conv import ShortConvolution
+from mecheval.layers.sites import Site, StateSite
+
+
+class GatedRMSNorm(nn.Module):
+    """fla's `FusedRMSNormGated` (swish gate, norm before the gate), in float32:
+    x / rms(x) * weight * silu(gate), over the last dimension.
+
+    Args:
+        hidden_size: the normalised dimension (a head's value size).
+        eps: added to the mean square.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """x, gate: (..., hidden_size) -> float32 (..., hidden_size)."""
+        x = x.float()
+        x = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + self.eps) * self.weight
+        return x * F.silu(gate.float())
+
+
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet mixer.
+
+    Sites (with short convs): `q_conv_input`, `q_conv_output`, `k_conv_input`, `k_conv_output`
+    (B, L, key_dim), `v_conv_input`, `v_conv_output` (B, L, value_dim), each conv's input and
+    output (after its SiLU); `state` (B, num_heads, head_dim, head_v_dim) float32, the state
+    after a position.
+
+    Args:
+        hidden_size: channels in and out (`d_model` is an alias that wins when given).
+        expand_v: head_v_dim = head_dim * expand_v (fla's default 2; the zoo's models use 1).
+        head_dim: a head's key size K (key_dim = num_heads * head_dim).
+        num_heads: heads (each with its own decay and write strength).
+        use_gate: output gate (g_proj) inside a gated RMSNorm; else a plain RMSNorm.
+        use_short_conv: short convs (SiLU) on q, k, v; without, SiLU only.
+        allow_neg_eigval: beta in (0, 2) instead of (0, 1).
+        conv_size: short conv width (1..8).
+        conv_bias: whether the short convs have biases.
+        layer_idx: index of the layer in its model (kept for reference).
+        norm_eps: epsilon of the output norm.
+        dt_min, dt_max, dt_init_floor: range of the initial softplus(dt_bias), as fla's.
+        d_model: alias of hidden_size.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int = 2048,
+        expand_v: float = 2.0,
+        head_dim: int = 256,
+        num_heads: int = 6,
+        use_gate: bool = True,
+        use_short_conv: bool = True,
+        allow_neg_eigval: bool = False,
+        conv_size: int = 4,
+        conv_bias: bool = False,
+        layer_idx: int | None = None,
+        norm_eps: float = 1e-5,
+        dt_min: float = 0.001,
+        dt_max: float = 0.1,
+        dt_init_floor: float = 1e-4,
+        d_model: int | None = None,
+    ) -> None:
+        super().__init__()
+        if d_model is not None:
+            hidden_size = d_model
+        head_v_dim = head_dim * expand_v
+        if not math.isclose(head_v_dim, round(head_v_dim), rel_tol=1e-5) or head_v_dim < 1:
+            raise ValueError(
+                f"expand_v {expand_v} times head_dim {head_dim} must be a positive integer"
+            )
+        if head_dim < 1 or num_heads < 1:
+            raise ValueError(f"head_dim and num_heads must be >= 1, got {head_dim}, {num_heads}")
+        self.hidden_size, self.num_heads = hidden_size, num_heads
+        self.head_k_dim, self.head_v_dim = head_dim, int(round(head_v_dim))
+        self.key_dim, self.value_dim = num_heads * head_dim, num_heads * self.head_v_dim
+        self.use_gate, self.use_short_conv, self.conv_size = use_gate, use_short_conv, conv_size
+        self.allow_neg_eigval, self.layer_idx = allow_neg_eigval, layer_idx
+
+        self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
+        self.k_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
+        self.a_proj = nn.Linear(hidden_size, num_heads, bias=False)
+        self.b_proj = nn.Linear(hidden_size, num_heads, bias=False)
+        # fla's init: decay rates A ~ U(0, 16), softplus(dt_bias) log-uniform in [dt_min, dt_max].
+        self.A_log = nn.Parameter(torch.empty(num_heads).uniform_(0, 16).log())
+        self.A_log._no_weight_decay = True
+        dt = torch.exp(
+            torch.rand(num_heads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)
+        ).clamp(min=dt_init_floor)
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^{-1}(dt)
+        self.dt_bias._no_weight_decay = True
+        if use_short_conv:
+            self.q_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, "silu")
+            self.k_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, "silu")
+            self.v_conv1d = ShortConvolution(self.value_dim, conv_size, conv_bias, "silu")
+            for name in ("q", "k", "v"):
+                for end in ("input", "output"):
+                    self.add_module(f"{name}_conv_{end}", Site(f"{name}_conv_{end}"))
+        if use_gate:
+            self.g_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
+            self.o_norm = GatedRMSNorm(self.head_v_dim, eps=norm_eps)
+        else:
+            self.o_norm = nn.RMSNorm(self.head_v_dim, eps=norm_eps)
+        self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
+        self.state = StateSite("state")
+
+    # See mecheval.layers.resume; context: (q, k, v conv inputs, recurrent state).
+    resumable = True
+
+    def _conv(self, name: str, x: torch.Tensor, cache, keep: bool):
+        x = getattr(self, f"{name}_conv_input")(x)
+        x, final = getattr(self, f"{name}_conv1d")(x, cache, output_final_state=keep)
+        return getattr(self, f"{name}_conv_output")(x), final
+
+    def forward(self, hidden_states: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
+        """hidden_states: (B, T, hidden_size) -> (B, T, hidden_size)."""
+        batch, length, _ = hidden_states.shape
+        H = self.num_heads
+        context = (None,) * 4 if resume is None or resume.state is None else resume.state
+        convs_out = (None,) * 3
+        q, k, v = (
+            self.q_proj(hidden_states),
+            self.k_proj(hidden_states),
+            self.v_proj(hidden_states),
+        )
+        if self.use_short_conv:
+            keep = resume is not None
+            (q, q_out), (k, k_out), (v, v_out) = (
+                self._conv(name, x, cache, keep)
+                for name, x, cache in zip("qkv", (q, k, v), context[:3], strict=True)
+            )
+            convs_out = (q_out, k_out, v_out)
+        else:
+            q, k, v = F.silu(q), F.silu(k), F.silu(v)
+        q = q.view(batch, length, H, self.head_k_dim)
+        k = k.view(batch, length, H, self.head_k_dim)
+        v = v.view(batch, length, H, self.head_v_dim)
+        # Decays and write strengths in float32 (fla computes g in float32 too).
+        g = -self.A_log.float().exp() * F.softplus(
+            self.a_proj(hidden_states).float() + self.dt_bias.float()
+        )
+        beta = self.b_proj(hidden_states).sigmoid()
+        if self.allow_neg_eigval:
+            beta = beta * 2
+
+        def run_scan(initial_state: torch.Tensor | None, at: torch.Tensor | None = None):
+            return kernels.chunk_gated_delta_rule(
+                q,
+                k,
+                v,
+                g,
+                beta,
+                initial_state=initial_state,
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+                states_at=at,
+            ) + ((None,) if at is None else ())
+
+        def carry(jump: torch.Tensor, after: torch.Tensor, at: torch.Tensor | None):
+            # No values (v = 0), no decay (g = 0) and no writes (beta = 0) where `after` is
+            # False: the jump waits there, then decays and is rewritten as the state is.
+            return kernels.chunk_gated_delta_rule(
+                q,
+                k,
+                torch.zeros_like(v),
+                g * after[..., None],
+                beta * after[..., None],
+                initial_state=jump,
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+                states_at=at,
+            ) + ((None,) if at is None else ())
+
+        if self.state.active:
+            o, final = self.state.scan(run_scan, carry, length, batch, 1, initial_state=context[3])
+        elif resume is not None:
+            o, final, _ = run_scan(context[3])
+        else:
+            o, _ = kernels.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+        if resume is not None:
+            resume.state = (*convs_out, final)
+        # In float32: the kernel returns q's dtype (bf16 under autocast), the norm's weight is
+        # float32 (a mixed-dtype RMSNorm falls off its fused path with a warning).
+        if self.use_gate:
+            gate = self.g_proj(hidden_states).view(batch, length, H, self.head_v_dim)
+            o = self.o_norm(o, gate)
+        else:
+            o = self.o_norm(o.float())
+        return self.o_proj(o.reshape(batch, length, self.value_dim))
+
+    def state_size(self, sequence_length: int) -> int:
+        """Floats carried between tokens: the state num_heads * head_dim * head_v_dim plus the
+        short convs' last conv_size - 1 inputs."""
+        window = self.conv_size - 1 if self.use_short_conv else 0
+        return self.num_heads * self.head_k_dim * self.head_v_dim + window * (
+            2 * self.key_dim + self.value_dim
+        )
