@@ -3,6 +3,7 @@
     causal_conv1d_fn   drop-in for causal_conv1d.causal_conv1d_fn
     selective_scan_fn  drop-in for mamba_ssm's selective_scan_fn
     chunk_delta_rule   drop-in for fla.ops.delta_rule.chunk_delta_rule
+    mamba2_scan        mamba-ssm's mamba_chunk_scan_combined (Mamba-2's SSD scan)
 
 This package imports torch and triton only, never mecheval.
 """
@@ -11,11 +12,13 @@ from kernels.backend import get_backend, set_backend, use_backend
 from kernels.delta_rule import chunk_delta_rule
 from kernels.selective_scan import selective_scan_fn
 from kernels.short_conv import causal_conv1d_fn
+from kernels.ssd import mamba2_scan
 
 __all__ = [
     "causal_conv1d_fn",
     "chunk_delta_rule",
     "get_backend",
+    "mamba2_scan",
     "selective_scan_fn",
     "set_backend",
     "use_backend",
