@@ -42,12 +42,12 @@ def _validate(dtypes, x, dt, A, B, C, D, z, dt_bias, initial_states, softplus, c
     check_tensor(OP, "A", A, "H", sizes, dtypes)
     check_tensor(OP, "B", B, "B L G N", sizes, dtypes)
     check_range(OP, "state size N (B.shape[3])", sizes["N"], 1, MAX_STATE)
-    check_tensor(OP, "C", C, "B L G N", sizes, dtypes)
     if sizes["G"] < 1 or sizes["H"] % sizes["G"]:
         raise ValueError(
             f"{OP}: the number of groups of B and C (G = {sizes['G']}, B of shape (B, L, G, N) "
             f"= {tuple(B.shape)}) must divide the heads H = {sizes['H']}"
         )
+    check_tensor(OP, "C", C, "B L G N", sizes, dtypes)
     if D is not None:
         check_tensor_layouts(OP, "D", D, ("H", "H P"), sizes, dtypes)
     for name, t, dims in (
