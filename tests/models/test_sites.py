@@ -9,7 +9,7 @@ import torch
 
 from mecheval.layers import Site, StateSite
 from mecheval.models import ARCHITECTURES, build_model
-from tests.models.references import delta_net_reference, mamba_reference
+from tests.models.references import delta_net_reference, mamba2_reference, mamba_reference
 
 V, D, L = 40, 16, 8
 POSITIONS = torch.tensor([2, 5, 7])  # one per row, rows differ; 7 is the last position
@@ -50,6 +50,8 @@ EXPECTED_SITES = {
     "hyena": ["conv_input", "conv_output", "long_conv_input", "long_conv_output"],
     "mamba": ["conv_input", "conv_output", "state"],
     "mamba_noconv": ["state"],
+    "mamba2": ["conv_input", "conv_output", "state"],
+    "mamba2_noconv": ["state"],
     "deltanet": [f"{n}_conv_{e}" for n in "qkv" for e in ("input", "output")] + ["state"],
     "deltanet_noconv": ["state"],
 }
@@ -93,8 +95,10 @@ def test_reads_at_positions_and_in_full(arch):
         if name.endswith("state"):
             assert at[name].dtype == torch.float32
     d_inner = 2 * D
-    if arch.startswith("mamba"):
+    if arch in ("mamba", "mamba_noconv"):
         assert at["layers.0.state"].shape == (B, d_inner, 16)
+    if arch.startswith("mamba2"):  # (heads, head dim, state size)
+        assert at["layers.0.state"].shape == (B, d_inner // 16, 16, 64)
     if arch.startswith("deltanet"):
         assert at["layers.1.state"].shape == (B, 1, D, D)
     assert full["layers.0.block_input"].shape == (B, L, D)
@@ -144,7 +148,9 @@ def test_patching_changes_outputs_only_from_the_patched_position(arch):
                     assert (out[b, p:] - clean[b, p:]).abs().max() > 1e-4, (name, b)
 
 
-@pytest.mark.parametrize("arch", ["mamba", "mamba_noconv", "deltanet", "deltanet_noconv"])
+@pytest.mark.parametrize(
+    "arch", ["mamba", "mamba_noconv", "mamba2", "mamba2_noconv", "deltanet", "deltanet_noconv"]
+)
 @pytest.mark.parametrize("layer", [0, 1])
 def test_state_patch_equals_an_independent_patched_recurrence(arch, layer):
     """Model with `layers.{layer}.state` patched (scan split by the site) vs the same model
@@ -155,7 +161,7 @@ def test_state_patch_equals_an_independent_patched_recurrence(arch, layer):
     block = model.layers[layer]
     mixer = block.mixer
     params = mixer.state_dict()
-    state_shape = (2 * D, 16) if arch.startswith("mamba") else (1, D, D)
+    state_shape = {"mamba": (2 * D, 16), "mamba2": (2, 16, 64)}.get(arch.split("_")[0], (1, D, D))
     values = torch.randn(B, *state_shape, generator=torch.Generator().manual_seed(4)) * 0.5
     name = f"layers.{layer}.state"
     with torch.no_grad():
@@ -166,7 +172,15 @@ def test_state_patch_equals_an_independent_patched_recurrence(arch, layer):
             out = model(tokens)
         # Independent computation of the same patched model.
         residual = record[f"layers.{layer}.block_input"]
-        if arch.startswith("mamba"):
+        if arch.startswith("mamba2"):
+            mixed, states = mamba2_reference(
+                params,
+                block.norm(residual),
+                headdim=16,
+                patch=(POSITIONS, values),
+                use_conv=arch == "mamba2",
+            )
+        elif arch.startswith("mamba"):
             mixed, states = mamba_reference(
                 params, block.norm(residual), patch=(POSITIONS, values), use_conv=arch == "mamba"
             )
@@ -191,7 +205,7 @@ def test_state_patch_equals_an_independent_patched_recurrence(arch, layer):
     torch.testing.assert_close(record[name].double(), states[rows(), POSITIONS])
 
 
-@pytest.mark.parametrize("arch", ["mamba", "deltanet"])
+@pytest.mark.parametrize("arch", ["mamba", "mamba2", "deltanet"])
 def test_state_reads_match_the_recurrence(arch):
     model = make(arch)
     tokens = tokens_for()
@@ -206,6 +220,8 @@ def test_state_reads_match_the_recurrence(arch):
         residual = record["layers.0.block_input"]
         if arch == "mamba":
             _, states = mamba_reference(block.mixer.state_dict(), block.norm(residual))
+        elif arch == "mamba2":
+            _, states = mamba2_reference(block.mixer.state_dict(), block.norm(residual), 16)
         else:
             _, states = delta_net_reference(
                 block.mixer.state_dict(), block.norm1(residual), num_heads=1
