@@ -4,6 +4,7 @@
     selective_scan_fn  drop-in for mamba_ssm's selective_scan_fn
     chunk_delta_rule   drop-in for fla.ops.delta_rule.chunk_delta_rule
     chunk_gated_delta_rule  drop-in for fla.ops.gated_delta_rule.chunk_gated_delta_rule
+    mamba2_scan        mamba-ssm's mamba_chunk_scan_combined (Mamba-2's SSD scan)
 
 This package imports torch and triton only, never mecheval.
 """
@@ -13,12 +14,14 @@ from kernels.delta_rule import chunk_delta_rule
 from kernels.gated_delta_rule import chunk_gated_delta_rule
 from kernels.selective_scan import selective_scan_fn
 from kernels.short_conv import causal_conv1d_fn
+from kernels.ssd import mamba2_scan
 
 __all__ = [
     "causal_conv1d_fn",
     "chunk_delta_rule",
     "chunk_gated_delta_rule",
     "get_backend",
+    "mamba2_scan",
     "selective_scan_fn",
     "set_backend",
     "use_backend",

@@ -6,6 +6,7 @@ patch are marked with `Site` / `StateSite` submodules (see `mecheval.layers.site
 
     ShortConvolution        fla-style short causal depthwise conv (an nn.Conv1d)
     Mamba                   mamba-ssm's Mamba layer (selective SSM)
+    Mamba2                  mamba-ssm's Mamba2 layer (SSD: scalar decay per head)
     DeltaNet                fla's DeltaNet layer (delta rule)
     GatedDeltaNet           fla's GatedDeltaNet layer (gated delta rule)
     CausalSelfAttention     softmax attention
@@ -25,6 +26,7 @@ from mecheval.layers.h3 import H3
 from mecheval.layers.hyena import Hyena
 from mecheval.layers.long_conv import ImplicitFilter, ImplicitLongConvolution, long_causal_conv
 from mecheval.layers.mamba import Mamba
+from mecheval.layers.mamba2 import Mamba2
 from mecheval.layers.mlp import MLP
 from mecheval.layers.short_conv import ShortConvolution
 from mecheval.layers.sites import Site, SitePlan, StateSite
@@ -41,6 +43,7 @@ __all__ = [
     "ImplicitFilter",
     "ImplicitLongConvolution",
     "Mamba",
+    "Mamba2",
     "ShortConvolution",
     "Site",
     "SitePlan",

@@ -1,4 +1,4 @@
-"""Blocks: a sequence mixer wrapped with norms, residual adds and (except Mamba) an MLP.
+"""Blocks: a sequence mixer wrapped with norms, residual adds and (except Mamba and Mamba-2) an MLP.
 
 Every block's `forward` takes the residual stream (B, L, d_model) as its first positional
 argument and returns the new residual stream, so forward hooks on blocks see the stream.
@@ -28,10 +28,14 @@ from mecheval.layers import (
     GatedDeltaNet,
     Hyena,
     Mamba,
+    Mamba2,
     Site,
 )
 from mecheval.layers.resume import Resume
 from mecheval.models.config import ModelConfig
+
+# Architectures built of Mamba blocks (a mixer, no MLP), initialised with mamba-ssm's scheme.
+MAMBA_BLOCK_ARCHS = ("mamba", "mamba_noconv", "mamba2", "mamba2_noconv")
 
 
 class TransformerBlock(nn.Module):
@@ -165,6 +169,16 @@ def build_mixer(config: ModelConfig, layer_idx: int) -> nn.Module:
             layer_idx=layer_idx,
             use_conv=arch == "mamba",
         )
+    if arch in ("mamba2", "mamba2_noconv"):
+        return Mamba2(
+            d,
+            d_state=o("d_state"),
+            d_conv=o("d_conv") or 4,
+            expand=o("expand"),
+            headdim=o("head_dim"),
+            layer_idx=layer_idx,
+            use_conv=arch == "mamba2",
+        )
     if arch in ("deltanet", "deltanet_noconv"):
         return DeltaNet(
             d_model=d,
@@ -192,6 +206,6 @@ def build_mixer(config: ModelConfig, layer_idx: int) -> nn.Module:
 
 def build_block(config: ModelConfig, layer_idx: int) -> nn.Module:
     mixer = build_mixer(config, layer_idx)
-    if config.arch in ("mamba", "mamba_noconv"):
+    if config.arch in MAMBA_BLOCK_ARCHS:
         return MambaBlock(config.d_model, mixer)
     return TransformerBlock(config.d_model, mixer)

@@ -21,6 +21,8 @@ ARCHITECTURES: tuple[str, ...] = (
     "hyena",
     "mamba",
     "mamba_noconv",
+    "mamba2",
+    "mamba2_noconv",
     "deltanet",
     "deltanet_noconv",
     "gated_deltanet",
@@ -48,6 +50,14 @@ _DEFAULTS: dict[str, dict[str, object]] = {
     "hyena": {"position_embeddings": False, "d_conv": 3, "filter_order": 64},
     "mamba": {"position_embeddings": False, "d_state": 16, "d_conv": 4, "expand": 2},
     "mamba_noconv": {"position_embeddings": False, "d_state": 16, "expand": 2},
+    "mamba2": {
+        "position_embeddings": False,
+        "d_state": 64,
+        "d_conv": 4,
+        "expand": 2,
+        "head_dim": 16,
+    },
+    "mamba2_noconv": {"position_embeddings": False, "d_state": 64, "expand": 2, "head_dim": 16},
     "deltanet": {"position_embeddings": False, "d_conv": 4, "num_heads": 1},
     "deltanet_noconv": {"position_embeddings": False, "num_heads": 1},
     "gated_deltanet": {"position_embeddings": False, "d_conv": 4, "num_heads": 1},
@@ -94,12 +104,12 @@ class ModelConfig:
             runs (a task's longest possible document may exceed it, as the study's ATR
             bound of 1,029 tokens does; its documents never come close).
         position_embeddings: learned absolute position embeddings (default: attention only).
-        d_state: SSM state size: mamba (16), h3 (l_max).
-        d_conv: short conv width: mamba (4; 1..4), deltanet and gated_deltanet (4),
+        d_state: SSM state size: mamba (16), mamba2 (64), h3 (l_max).
+        d_conv: short conv width: mamba (4; 1..4), mamba2 (4), deltanet and gated_deltanet (4),
             base_conv / based layer-0 short conv (3), hyena short filter (3).
-        expand: mamba's d_inner / d_model (2).
+        expand: mamba's and mamba2's d_inner / d_model (2).
         num_heads: attention, based, deltanet, gated_deltanet (1).
-        head_dim: h3 (2).
+        head_dim: h3 (2), mamba2's channels per head (16; must divide expand * d_model).
         feature_dim: based's feature dimension before the Taylor map (8).
         filter_order: width of the implicit long filter's MLP: hyena (64), the long convs of
             base_conv, base_conv_long and based_long (16).
@@ -162,6 +172,12 @@ class ModelConfig:
                 raise ValueError(f"d_model {self.d_model} must be divisible by head_dim {head_dim}")
             if self.option("d_state") < 2:
                 raise ValueError(f"h3 needs d_state >= 2, got {self.option('d_state')}")
+        if self.arch in ("mamba2", "mamba2_noconv"):
+            d_inner, head_dim = self.option("expand") * self.d_model, self.option("head_dim")
+            if d_inner % head_dim:
+                raise ValueError(
+                    f"expand * d_model = {d_inner} must be divisible by head_dim {head_dim}"
+                )
 
     def option(self, name: str) -> object:
         """The option's value: as set, else the architecture's default (None if n/a)."""

@@ -21,7 +21,7 @@ from torch import nn
 
 from mecheval.layers import Site, SitePlan, StateSite
 from mecheval.layers.resume import Resume
-from mecheval.models.blocks import build_block
+from mecheval.models.blocks import MAMBA_BLOCK_ARCHS, build_block
 from mecheval.models.config import ModelConfig
 
 # zoology's init scales the initial weights of these residual-stream outputs (GPT-2 style), by
@@ -310,12 +310,13 @@ class LanguageModel(nn.Module):
         Default: every Linear weight ~ N(0, 0.02) (zoology's init, filter MLPs included),
         Linear biases 0, embeddings ~ N(0, 0.02), out_proj and fc2 weights ~ N(0, 0.02 /
         sqrt(2 n_layers)); convolutions, norms and SSM parameters keep their layers' own inits.
-        Mamba models (the study's MambaBlock init): embeddings ~ N(0, 0.02), Linear biases 0
-        except mamba-ssm's `_no_reinit` dt bias, Linear weights at PyTorch's default, out_proj
-        ~ kaiming-uniform / sqrt(n_layers); A_log, D and dt keep mamba-ssm's layer init.
+        Mamba and Mamba-2 models (the study's MambaBlock init): embeddings ~ N(0, 0.02), Linear
+        biases 0 except mamba-ssm's `_no_reinit` dt bias, Linear weights at PyTorch's default,
+        out_proj ~ kaiming-uniform / sqrt(n_layers); A_log, D and dt keep mamba-ssm's layer init
+        (Mamba-2's dt_bias is no Linear bias: it keeps its init too).
         """
         n_layers = self.config.n_layers
-        mamba = self.config.arch in ("mamba", "mamba_noconv")
+        mamba = self.config.arch in MAMBA_BLOCK_ARCHS
         for module in self.modules():
             if isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, std=INITIALIZER_RANGE)

@@ -1,6 +1,6 @@
-"""Oracles for the model tests: the Mamba, DeltaNet and Gated DeltaNet layers written straight
-from their published equations, one position at a time, in float64, from a plain dict of
-parameters (the names mamba-ssm and flash-linear-attention use). No `kernels` call, no
+"""Oracles for the model tests: the Mamba, Mamba-2, DeltaNet and Gated DeltaNet layers written
+straight from their published equations, one position at a time, in float64, from a plain dict
+of parameters (the names mamba-ssm and flash-linear-attention use). No `kernels` call, no
 mecheval layer code.
 
 The recurrent ones take an optional state patch: after position `positions[b]` of row b, the
@@ -80,6 +80,56 @@ def mamba_reference(params: dict, u: torch.Tensor, patch=None, use_conv: bool = 
         h = _patch(h, t, patch)
         states.append(h)
     out = _linear(torch.stack(ys, 1), p, "out_proj")
+    return out, torch.stack(states, 1)
+
+
+def mamba2_reference(
+    params: dict,
+    u: torch.Tensor,
+    headdim: int,
+    ngroups: int = 1,
+    patch=None,
+    use_conv: bool = True,
+    rmsnorm: bool = True,
+):
+    """Mamba-2 (Dao & Gu 2024) as mamba-ssm's `Mamba2` computes it (gated RMSNorm after the scan,
+    norm_before_gate False), one position at a time; rmsnorm False: y * silu(z), no norm.
+
+    params: in_proj.weight (2 Di + 2 G N + H, d) ([z, x, B, C, dt]), conv1d.weight
+    (Di + 2 G N, 1, W), conv1d.bias, dt_bias (H,), A_log (H,), D (H,) or (Di,), norm.weight (Di,),
+    out_proj.weight (d, Di). u (B, L, d).
+
+    Returns (out (B, L, d) float64, states (B, L, H, P, N) float64).
+    """
+    p = _f64(params)
+    u = u.double()
+    Bsz, L, _ = u.shape
+    H, P, G = p["A_log"].shape[0], headdim, ngroups
+    Di = H * P
+    N = (p["in_proj.weight"].shape[0] - 2 * Di - H) // (2 * G)
+    z, xBC, dt = _linear(u, p, "in_proj").split([Di, Di + 2 * G * N, H], dim=-1)
+    if use_conv:
+        xBC = causal_depthwise_conv(xBC, p["conv1d.weight"], p.get("conv1d.bias"))
+    x, Bm, Cm = F.silu(xBC).split([Di, G * N, G * N], dim=-1)
+    x = x.view(Bsz, L, H, P)
+    Bm, Cm = (t.view(Bsz, L, G, N).repeat_interleave(H // G, dim=2) for t in (Bm, Cm))
+    dt = F.softplus(dt + p["dt_bias"])  # (B, L, H)
+    A = -torch.exp(p["A_log"])
+    D = p["D"].view(H, -1)  # (H, 1) or (H, P)
+    h = u.new_zeros(Bsz, H, P, N)
+    ys, states = [], []
+    for t in range(L):
+        decay = torch.exp(dt[:, t, :, None, None] * A[:, None, None])
+        h = decay * h + dt[:, t, :, None, None] * x[:, t, :, :, None] * Bm[:, t, :, None, :]
+        ys.append((h * Cm[:, t, :, None, :]).sum(-1) + D * x[:, t])
+        h = _patch(h, t, patch)
+        states.append(h)
+    y = torch.stack(ys, 1).reshape(Bsz, L, Di) * F.silu(z)
+    if rmsnorm:
+        y = y.view(Bsz, L, G, Di // G)
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5)
+        y = y.reshape(Bsz, L, Di) * p["norm.weight"]
+    out = _linear(y, p, "out_proj")
     return out, torch.stack(states, 1)
 
 

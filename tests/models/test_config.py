@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from mecheval.layers import H3, BaseConv, BasedLinearAttention, Mamba
+from mecheval.layers import H3, BaseConv, BasedLinearAttention, Mamba, Mamba2
 from mecheval.models import ARCHITECTURES, ModelConfig, build_model, build_model_from_config
 from mecheval.models.blocks import MambaBlock, TransformerBlock
 
@@ -46,6 +46,19 @@ def test_spec_defaults():
     m = mamba.layers[0].mixer
     assert isinstance(m, Mamba) and (m.d_state, m.d_conv, m.expand) == (16, 4, 2)
     assert not hasattr(build_model("mamba_noconv", 50, 16, max_len=8).layers[0].mixer, "conv1d")
+    mamba2 = build_model("mamba2", 50, 64, max_len=8)
+    assert all(isinstance(b, MambaBlock) for b in mamba2.layers)
+    m2 = mamba2.layers[0].mixer
+    assert isinstance(m2, Mamba2)
+    assert (m2.d_state, m2.d_conv, m2.expand, m2.headdim, m2.nheads, m2.ngroups) == (
+        64,
+        4,
+        2,
+        16,
+        8,
+        1,
+    )
+    assert not hasattr(build_model("mamba2_noconv", 50, 16, max_len=8).layers[0].mixer, "conv1d")
     assert build_model("mamba", 50, 16, max_len=8, d_conv=2).layers[1].mixer.conv1d.kernel_size == (
         2,
     )
@@ -117,6 +130,8 @@ def test_config_round_trips_through_a_plain_dict():
         (dict(arch="h3", head_dim=3), "divisible by head_dim 3"),
         (dict(arch="h3", d_state=1), "d_state >= 2"),
         (dict(arch="mamba", expand=0), "expand must be >= 1"),
+        (dict(arch="mamba2", head_dim=5), "divisible by head_dim 5"),
+        (dict(arch="mamba2_noconv", d_conv=4), "d_conv do not apply"),
         (dict(arch="attention", position_embeddings=1), "position_embeddings must be a bool"),
         (dict(arch="mamba", l_max=0), "l_max must be >= 1"),
     ],

@@ -123,6 +123,9 @@ def test_state_sizes():
     assert make("attention").state_size(sequence_length=100) == 2 * (2 * d * 100)
     assert make("mamba").state_size() == 2 * (2 * d) * (16 + 3)
     assert make("mamba_noconv").state_size() == 2 * (2 * d) * 16
+    # Mamba-2: d_inner x d_state, plus the conv window over x, B and C (d_state 64 each).
+    assert make("mamba2").state_size() == 2 * ((2 * d) * 64 + (2 * d + 2 * 64) * 3)
+    assert make("mamba2_noconv").state_size() == 2 * (2 * d) * 64
     assert make("deltanet").state_size() == 2 * (d * d + 3 * (3 * d))
     assert make("deltanet_noconv").state_size() == 2 * d * d
     assert make("gated_deltanet").state_size() == 2 * (d * d + 3 * (3 * d))
@@ -139,8 +142,8 @@ def test_state_sizes():
 
 def _ops(arch: str) -> list[str]:
     ops = []
-    if arch in ("mamba", "mamba_noconv"):
-        ops.append("selective_scan")
+    if arch in ("mamba", "mamba_noconv", "mamba2", "mamba2_noconv"):
+        ops.append("selective_scan")  # Mamba-2's Triton path is the selective scan's
     if arch in ("deltanet", "deltanet_noconv"):
         ops.append("delta_rule")
     if arch in ("gated_deltanet", "gated_deltanet_noconv"):

@@ -52,6 +52,9 @@ def test_segments_equal_one_run(arch, cuts):
     "arch, site",
     [
         ("mamba", "state"),
+        ("mamba2", "state"),
+        ("mamba2_noconv", "state"),
+        ("mamba2", "conv_input"),
         ("deltanet", "state"),
         ("gated_deltanet", "state"),
         ("gated_deltanet", "v_conv_input"),

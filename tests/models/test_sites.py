@@ -12,6 +12,7 @@ from mecheval.models import ARCHITECTURES, build_model
 from tests.models.references import (
     delta_net_reference,
     gated_delta_net_reference,
+    mamba2_reference,
     mamba_reference,
 )
 
@@ -56,6 +57,8 @@ EXPECTED_SITES = {
     "hyena": ["conv_input", "conv_output", "long_conv_input", "long_conv_output"],
     "mamba": ["conv_input", "conv_output", "state"],
     "mamba_noconv": ["state"],
+    "mamba2": ["conv_input", "conv_output", "state"],
+    "mamba2_noconv": ["state"],
     "deltanet": [f"{n}_conv_{e}" for n in "qkv" for e in ("input", "output")] + ["state"],
     "deltanet_noconv": ["state"],
     "gated_deltanet": [f"{n}_conv_{e}" for n in "qkv" for e in ("input", "output")] + ["state"],
@@ -106,8 +109,10 @@ def test_reads_at_positions_and_in_full(arch):
         if name.endswith("state"):
             assert at[name].dtype == torch.float32
     d_inner = 2 * D
-    if arch.startswith("mamba"):
+    if arch in ("mamba", "mamba_noconv"):
         assert at["layers.0.state"].shape == (B, d_inner, 16)
+    if arch.startswith("mamba2"):  # (heads, head dim, state size)
+        assert at["layers.0.state"].shape == (B, d_inner // 16, 16, 64)
     if arch.startswith(("deltanet", "gated_deltanet")):
         assert at["layers.1.state"].shape == (B, 1, D, D)
     assert full["layers.0.block_input"].shape == (B, L, D)
@@ -162,6 +167,8 @@ def test_patching_changes_outputs_only_from_the_patched_position(arch):
     [
         "mamba",
         "mamba_noconv",
+        "mamba2",
+        "mamba2_noconv",
         "deltanet",
         "deltanet_noconv",
         "gated_deltanet",
@@ -178,7 +185,7 @@ def test_state_patch_equals_an_independent_patched_recurrence(arch, layer):
     block = model.layers[layer]
     mixer = block.mixer
     params = mixer.state_dict()
-    state_shape = (2 * D, 16) if arch.startswith("mamba") else (1, D, D)
+    state_shape = {"mamba": (2 * D, 16), "mamba2": (2, 16, 64)}.get(arch.split("_")[0], (1, D, D))
     values = torch.randn(B, *state_shape, generator=torch.Generator().manual_seed(4)) * 0.5
     name = f"layers.{layer}.state"
     with torch.no_grad():
@@ -189,7 +196,15 @@ def test_state_patch_equals_an_independent_patched_recurrence(arch, layer):
             out = model(tokens)
         # Independent computation of the same patched model.
         residual = record[f"layers.{layer}.block_input"]
-        if arch.startswith("mamba"):
+        if arch.startswith("mamba2"):
+            mixed, states = mamba2_reference(
+                params,
+                block.norm(residual),
+                headdim=16,
+                patch=(POSITIONS, values),
+                use_conv=arch == "mamba2",
+            )
+        elif arch.startswith("mamba"):
             mixed, states = mamba_reference(
                 params, block.norm(residual), patch=(POSITIONS, values), use_conv=arch == "mamba"
             )
@@ -217,7 +232,7 @@ def test_state_patch_equals_an_independent_patched_recurrence(arch, layer):
     torch.testing.assert_close(record[name].double(), states[rows(), POSITIONS])
 
 
-@pytest.mark.parametrize("arch", ["mamba", "deltanet", "gated_deltanet"])
+@pytest.mark.parametrize("arch", ["mamba", "mamba2", "deltanet", "gated_deltanet"])
 def test_state_reads_match_the_recurrence(arch):
     model = make(arch)
     tokens = tokens_for()
@@ -232,6 +247,8 @@ def test_state_reads_match_the_recurrence(arch):
         residual = record["layers.0.block_input"]
         if arch == "mamba":
             _, states = mamba_reference(block.mixer.state_dict(), block.norm(residual))
+        elif arch == "mamba2":
+            _, states = mamba2_reference(block.mixer.state_dict(), block.norm(residual), 16)
         else:
             reference = (
                 gated_delta_net_reference if arch.startswith("gated") else delta_net_reference

@@ -1,0 +1,111 @@
+"""The PyTorch path of Mamba-2's scan (the CPU fast path): the chunked SSD algorithm of Dao & Gu
+(2024), differentiated by autograd.
+
+Positions are cut into chunks of Q. Inside a chunk the scan is a masked matrix product (the
+"diagonal blocks": y_l = sum_{s <= l} (C_l . B_s) exp(a_{s+1} + ... + a_l) dt_s x_s, with
+a = dt * A); across chunks only the states at chunk boundaries are carried, one small loop step
+per chunk. Nothing of size (positions x channels x state) is materialised, which is what makes
+it several times faster than running Mamba-2 as a selective scan on a CPU (docs/kernels.md).
+Products over B and C are taken once per group, not once per head.
+
+Decays enter as exp of sums of a over segments, each sum taken directly (a masked cumulative
+sum per row), never as a difference of two long cumulative sums: a very negative a_t (a large
+dt) would otherwise wipe out the precision of every later difference in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# Chunk length: one chunk up to this many positions, else CHUNK (measured on the study's
+# shapes, docs/kernels.md: one chunk is fastest for L <= 64, chunks of 32 for L = 256).
+ONE_CHUNK_MAX = 64
+CHUNK = 32
+
+
+def default_chunk_size(length: int) -> int:
+    return length if length <= ONE_CHUNK_MAX else CHUNK
+
+
+def _segment_sums(a: torch.Tensor) -> torch.Tensor:
+    """a (..., Q) -> (..., Q, Q): [l, s] = a_{s+1} + ... + a_l for l >= s (0 on the diagonal),
+    -inf above it."""
+    Q = a.shape[-1]
+    ones = torch.ones(Q, Q, dtype=torch.bool, device=a.device)
+    below, on_or_below = ones.tril(-1), ones.tril(0)
+    rows = a[..., :, None].expand(*a.shape, Q).masked_fill(~below, 0.0)  # [l, s] = a_l, l > s
+    return rows.cumsum(dim=-2).masked_fill(~on_or_below, -torch.inf)
+
+
+def _pad_positions(t: torch.Tensor, pad: int) -> torch.Tensor:
+    """Zeros appended on axis 1 (positions): no input and no decay there."""
+    if not pad:
+        return t
+    return F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad))
+
+
+def ssd_chunked(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    initial_states: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shapes as `kernels.mamba2_scan` (validated there). Returns (out (B, L, H, P) in x's dtype,
+    final state (B, H, P, N) in the compute dtype: float32, float64 for float64 x)."""
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    batch, length, heads, P = x.shape
+    groups, N = B.shape[2], B.shape[3]
+    per_group = heads // groups
+    Q = default_chunk_size(length) if chunk_size is None else min(chunk_size, length)
+
+    x_c = x.to(compute)
+    step = dt.to(compute)
+    if dt_bias is not None:
+        step = step + dt_bias.to(compute)
+    if dt_softplus:
+        step = F.softplus(step)
+    pad = (-length) % Q
+    chunks = (length + pad) // Q
+    xdt = _pad_positions(x_c * step[..., None], pad).view(batch, chunks, Q, groups, per_group, P)
+    a = _pad_positions(step * A.to(compute), pad).view(batch, chunks, Q, groups, per_group)
+    a = a.permute(0, 1, 3, 4, 2)  # (B, c, G, R, Q)
+    B_c = _pad_positions(B.to(compute), pad).view(batch, chunks, Q, groups, N)
+    C_c = _pad_positions(C.to(compute), pad).view(batch, chunks, Q, groups, N)
+
+    # Within each chunk: the masked (C B^T) * decay matrix applied to dt x.
+    segments = _segment_sums(a)  # (B, c, G, R, Q, Q)
+    scores = torch.einsum("bclgn,bcsgn->bcgls", C_c, B_c)[:, :, :, None] * torch.exp(segments)
+    y = torch.einsum("bcgrls,bcsgrp->bclgrp", scores, xdt)
+
+    # Each chunk's own contribution to the state at its end, then the states entering each
+    # chunk, carried from chunk to chunk.
+    to_end = torch.exp(segments[..., -1, :])  # (B, c, G, R, Q): decay from s to the chunk's end
+    own = torch.einsum("bcsgn,bcgrs,bcsgrp->bcgrpn", B_c, to_end, xdt)
+    from_start = torch.exp(a.cumsum(dim=-1))  # decay from the chunk's start to l (inclusive)
+    if initial_states is None:
+        state = x_c.new_zeros(batch, groups, per_group, P, N)
+    else:
+        state = initial_states.to(compute).reshape(batch, groups, per_group, P, N)
+    entering = []
+    for c in range(chunks):
+        entering.append(state)
+        state = from_start[:, c, :, :, -1, None, None] * state + own[:, c]
+    entering = torch.stack(entering, dim=1)  # (B, c, G, R, P, N)
+    carried = torch.einsum("bclgn,bcgrpn->bclgrp", C_c, entering)
+    y = y + carried * from_start.permute(0, 1, 4, 2, 3)[..., None]
+
+    out = y.reshape(batch, chunks * Q, heads, P)[:, :length]
+    if D is not None:
+        skip = D.to(compute)
+        out = out + (skip[:, None] if skip.dim() == 1 else skip) * x_c
+    if z is not None:
+        out = out * F.silu(z.to(compute))
+    return out.to(x.dtype), state.reshape(batch, heads, P, N)

@@ -1,0 +1,261 @@
+"""Mamba-2 (Dao & Gu 2024): the SSD mixer, with mamba-ssm's `Mamba2` parameter names and shapes.
+
+Same parameter names, shapes and initialisation as `mamba_ssm.modules.mamba2.Mamba2` (without
+its tensor-parallel and `d_ssm` options), so its state dict loads with `strict=True`:
+
+    z, xBC, dt = split(u W_in)                 d_inner, d_inner + 2 G N, H   ([z, x, B, C, dt])
+    xBC = silu(conv1d(xBC))                    short causal depthwise conv, width d_conv
+    x, B, C = split(xBC)                       x (B, L, H, P); B, C (B, L, G, N)
+    dt = softplus(dt + dt_bias)                (B, L, H), one step size per head
+    h_t = exp(dt_t A_h) h_{t-1} + dt_t x_t B_t^T       A_h = -exp(A_log_h), h_t (P, N) per head
+    y_t = h_t C_t + D_h x_t
+    y = RMSNorm_groups(y * silu(z)) * norm.weight        (gated RMSNorm, per group of channels)
+    out = y W_out
+
+The conv runs through `kernels.causal_conv1d_fn`, the scan through `kernels.mamba2_scan`
+(whichever backend the process default picks). No incremental decoding (`inference_params`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernels
+from mecheval.layers.resume import Resume
+from mecheval.layers.sites import Site, StateSite
+
+
+class RMSNormGated(nn.Module):
+    """mamba-ssm's gated RMSNorm (`mamba_ssm.ops.triton.layernorm_gated.RMSNorm`, no bias):
+    norm(x * silu(z)) * weight, or norm(x) * weight * silu(z) with norm_before_gate, each
+    group of `group_size` channels normalised on its own, in float32.
+
+    Args:
+        hidden_size: channels.
+        eps: added to the mean square.
+        group_size: channels per group (None: one group).
+        norm_before_gate: gate after the norm instead of before it.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-5,
+        group_size: int | None = None,
+        norm_before_gate: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.eps, self.norm_before_gate = eps, norm_before_gate
+        self.group_size = hidden_size if group_size is None else group_size
+        self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        """x, z: (..., hidden_size) -> (..., hidden_size) in x's dtype."""
+        dtype, x = x.dtype, x.float()
+        gate = None if z is None else F.silu(z.float())
+        if gate is not None and not self.norm_before_gate:
+            x = x * gate
+        grouped = x.unflatten(-1, (-1, self.group_size))
+        grouped = grouped * torch.rsqrt(grouped.square().mean(-1, keepdim=True) + self.eps)
+        out = grouped.flatten(-2) * self.weight.float()
+        if gate is not None and self.norm_before_gate:
+            out = out * gate
+        return out.to(dtype)
+
+
+class Mamba2(nn.Module):
+    """Mamba-2 mixer.
+
+    Sites: `conv_input` / `conv_output` (B, L, d_inner + 2 ngroups d_state), xBC before the
+    conv and after conv + SiLU (absent with use_conv=False); `state` (B, nheads, headdim,
+    d_state) float32, the SSM state after a position.
+
+    Defaults are mamba-ssm's except d_state and headdim, scaled to the study's widths
+    (d_model 64..256): mamba-ssm's d_state 128 and headdim 64 target d_model >= 768, where a
+    model has 24+ heads; at d_model 64 headdim 64 would leave two heads (two decay rates), so
+    headdim 16 (8 heads at d_model 64) and d_state 64 (the middle of the Mamba-2 paper's MQAR
+    state sizes; a state of d_inner x 64 per layer, 4x Mamba's d_inner x 16).
+
+    Args:
+        d_model: channels in and out.
+        d_state: state size N per head and channel.
+        d_conv: short conv width (1..8).
+        conv_init: if given, conv weights ~ U(-conv_init, conv_init) (else PyTorch's default).
+        expand: d_inner = expand * d_model.
+        headdim: channels P per head; nheads = d_inner / headdim.
+        ngroups: groups of B and C, each shared by nheads / ngroups heads.
+        A_init_range: A = -exp(A_log) starts at minus a uniform draw from this range.
+        D_has_hdim: a skip D per channel (d_inner,) instead of per head (nheads,).
+        rmsnorm: gated RMSNorm after the scan (else the scan gates with silu(z), no norm).
+        norm_before_gate: the norm's order (mamba-ssm's default False: norm(y * silu(z))).
+        dt_min, dt_max: range of the initial step sizes softplus(dt_bias) (log-uniform).
+        dt_init_floor: lower clamp of the initial step sizes.
+        bias: whether in_proj and out_proj have biases.
+        conv_bias: whether the conv has a bias.
+        chunk_size, use_mem_eff_path: accepted for compatibility with mamba-ssm; the scan picks
+            its own chunks and kernels are picked by the `kernels` backend, so no effect.
+        layer_idx: index of the layer in its model (kept for reference).
+        use_conv: (ours) False drops the conv entirely (no conv1d parameters), keeping only its
+            SiLU, as mecheval's mamba_noconv does for Mamba.
+        device: parameter device.
+        dtype: parameter dtype.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int = 64,
+        d_conv: int = 4,
+        conv_init: float | None = None,
+        expand: int = 2,
+        headdim: int = 16,
+        ngroups: int = 1,
+        A_init_range: tuple[float, float] = (1, 16),
+        D_has_hdim: bool = False,
+        rmsnorm: bool = True,
+        norm_before_gate: bool = False,
+        dt_min: float = 0.001,
+        dt_max: float = 0.1,
+        dt_init_floor: float = 1e-4,
+        bias: bool = False,
+        conv_bias: bool = True,
+        chunk_size: int = 256,
+        use_mem_eff_path: bool = True,
+        layer_idx: int | None = None,
+        use_conv: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.d_model, self.d_state, self.d_conv, self.expand = d_model, d_state, d_conv, expand
+        self.d_inner = int(expand * d_model)
+        if self.d_inner % headdim:
+            raise ValueError(f"d_inner = {self.d_inner} must be divisible by headdim {headdim}")
+        self.headdim, self.nheads, self.ngroups = headdim, self.d_inner // headdim, ngroups
+        if self.nheads % ngroups:
+            raise ValueError(f"nheads = {self.nheads} must be divisible by ngroups {ngroups}")
+        self.D_has_hdim, self.rmsnorm, self.norm_before_gate = D_has_hdim, rmsnorm, norm_before_gate
+        self.chunk_size, self.use_mem_eff_path = chunk_size, use_mem_eff_path
+        self.layer_idx, self.use_conv, self.activation = layer_idx, use_conv, "silu"
+        self.conv_dim = self.d_inner + 2 * ngroups * d_state
+
+        # Order: [z, x, B, C, dt]
+        d_in_proj = 2 * self.d_inner + 2 * ngroups * d_state + self.nheads
+        self.in_proj = nn.Linear(d_model, d_in_proj, bias=bias, **factory)
+        if use_conv:
+            if not 1 <= d_conv <= 8:
+                raise ValueError(f"d_conv must be in 1..8, got {d_conv}")
+            self.conv1d = nn.Conv1d(
+                self.conv_dim,
+                self.conv_dim,
+                kernel_size=d_conv,
+                groups=self.conv_dim,
+                padding=d_conv - 1,
+                bias=conv_bias,
+                **factory,
+            )
+            if conv_init is not None:
+                nn.init.uniform_(self.conv1d.weight, -conv_init, conv_init)
+            self.conv_input = Site("conv_input")
+            self.conv_output = Site("conv_output")
+
+        # softplus(dt_bias) log-uniform in [dt_min, dt_max], as mamba-ssm initialises it.
+        dt = torch.exp(
+            torch.rand(self.nheads, **factory) * (math.log(dt_max) - math.log(dt_min))
+            + math.log(dt_min)
+        ).clamp(min=dt_init_floor)
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # inverse of softplus
+        self.dt_bias._no_weight_decay = True
+        if not (0 < A_init_range[0] <= A_init_range[1]):
+            raise ValueError(f"A_init_range must be 0 < low <= high, got {A_init_range}")
+        A = torch.empty(self.nheads, dtype=torch.float32, device=device).uniform_(*A_init_range)
+        self.A_log = nn.Parameter(torch.log(A).to(dtype=dtype))
+        self.A_log._no_weight_decay = True
+        self.D = nn.Parameter(
+            torch.ones(self.d_inner if D_has_hdim else self.nheads, device=device)
+        )
+        self.D._no_weight_decay = True
+        if rmsnorm:
+            self.norm = RMSNormGated(
+                self.d_inner,
+                eps=1e-5,
+                group_size=self.d_inner // ngroups,
+                norm_before_gate=norm_before_gate,
+                **factory,
+            )
+        self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias, **factory)
+        self.state = StateSite("state")
+
+    resumable = True  # see mecheval.layers.resume; context: (conv inputs, scan state)
+
+    def forward(self, hidden_states: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
+        """hidden_states: (B, L, d_model) -> (B, L, d_model)."""
+        batch, length, _ = hidden_states.shape
+        conv_in, ssm_in = (None, None) if resume is None or resume.state is None else resume.state
+        conv_out = None
+        z, xBC, dt = self.in_proj(hidden_states).split(
+            [self.d_inner, self.conv_dim, self.nheads], dim=-1
+        )
+        if self.use_conv:
+            xBC = self.conv_input(xBC)
+            xBC = kernels.causal_conv1d_fn(
+                xBC.transpose(1, 2),
+                self.conv1d.weight[:, 0, :],
+                self.conv1d.bias,
+                "silu",
+                initial_states=conv_in,
+                return_final_states=resume is not None,
+            )
+            if resume is not None:
+                xBC, conv_out = xBC
+            xBC = self.conv_output(xBC.transpose(1, 2))
+        else:
+            xBC = F.silu(xBC)
+        G, N, H, P = self.ngroups, self.d_state, self.nheads, self.headdim
+        x, B, C = xBC.split([self.d_inner, G * N, G * N], dim=-1)
+        x = x.unflatten(-1, (H, P))
+        B, C = B.unflatten(-1, (G, N)), C.unflatten(-1, (G, N))
+        A = -torch.exp(self.A_log.float())
+        D = self.D.float().view(H, P) if self.D_has_hdim else self.D.float()
+        dt_bias = self.dt_bias.float()
+        gate = None if self.rmsnorm else z.unflatten(-1, (H, P))
+
+        def run_scan(initial_state: torch.Tensor | None, at: torch.Tensor | None = None):
+            return kernels.mamba2_scan(
+                x, dt, A, B, C, D, gate, dt_bias, True, initial_state, True, states_at=at
+            ) + ((None,) if at is None else ())
+
+        def carry(jump: torch.Tensor, after: torch.Tensor, at: torch.Tensor | None):
+            # No inputs (x = 0) and no decay (dt = 0) where `after` is False: the jump waits
+            # there, then decays as the state does.
+            step = F.softplus(dt.float() + dt_bias) * after[:, :, None]
+            return kernels.mamba2_scan(
+                torch.zeros_like(x), step, A, B, C, z=gate, initial_states=jump,
+                return_final_states=True, states_at=at,
+            ) + ((None,) if at is None else ())  # fmt: skip
+
+        if self.state.active:
+            y, ssm_out = self.state.scan(run_scan, carry, length, batch, 1, initial_state=ssm_in)
+        elif resume is not None:
+            y, ssm_out, _ = run_scan(ssm_in)
+        else:
+            y = kernels.mamba2_scan(x, dt, A, B, C, D, gate, dt_bias, True)
+        if resume is not None:
+            resume.state = (conv_out, ssm_out)
+        y = y.flatten(-2)  # (B, L, d_inner)
+        if self.rmsnorm:
+            y = self.norm(y, z)
+        return self.out_proj(y)
+
+    def state_size(self, sequence_length: int) -> int:
+        """Floats carried between tokens: the SSM state d_inner * d_state plus the conv's
+        last d_conv - 1 inputs of its d_inner + 2 ngroups d_state channels."""
+        window = self.d_conv - 1 if self.use_conv else 0
+        return self.d_inner * self.d_state + self.conv_dim * window
