@@ -169,6 +169,8 @@ BENCHMARK_STAGES = [
             "benchmarks/bench_short_conv.py",
             "benchmarks/bench_selective_scan.py",
             "benchmarks/bench_delta_rule.py",
+            "benchmarks/bench_gated_delta_rule.py",
+            "benchmarks/bench_mamba2.py",
         ],
         0.45,
     ),
