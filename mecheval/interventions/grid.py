@@ -26,8 +26,9 @@ they are chunked; `interchange_grid` runs that plan. How it is fast, and still e
 - only the query position's logits are computed, and the KL and the answer's probability come
   from one log-sum-exp per row;
 - `state` sites (the recurrent state after a position) are read and patched at every row's
-  own position without splitting the scan: one scan returns every state, and a patch adds the
-  jump carried by a second, input-free scan (see mecheval.layers.sites.StateSite).
+  own positions without splitting the scan: the clean run's one scan also returns the states
+  at each row's patched positions, and a patch adds the jump carried by a second, input-free
+  scan (see mecheval.layers.sites.StateSite).
 Each cell equals one plain per-cell forward with a hook (see `per_cell_loop`), to float
 rounding; the tests check every cell.
 """
@@ -191,21 +192,23 @@ def _sources(model, plan: GridPlan, batch: Batch) -> tuple[dict, torch.Tensor]:
     query, positions = batch.positions["query"], plan.positions
     refs = [s.ref for s in plan.sites]
     ordinary = [r for r in refs if r.short != "state"]
-    with model.intervene(reads={r.name: None for r in ordinary}) as record:
+    states = [r for r in refs if r.short == "state"]
+    # States are read at each row's patched positions in the same pass (a scan that also
+    # returns them), unless every state of the documents would not fit in memory.
+    per_row = bool(states) and 4 * n * length * model.state_size(length) <= plan.memory_budget // 2
+    reads = {r.name: None for r in ordinary}
+    if per_row:
+        at = positions.view(len(plan.labels), n).T  # (n, P): cells are label-major
+        reads.update({r.name: at for r in states})
+    with model.intervene(reads=reads) as record:
         clean = logits_at(model, 0, model.embed(batch.tokens), query)
     source = {r.name: record[r.name] for r in ordinary}  # (n, L, C): cells index it per site
-    states = [r for r in refs if r.short == "state"]
-    if states and 4 * n * length * model.state_size(length) <= plan.memory_budget // 2:
-        # The state after each patched position, from one pass over the n documents (one scan
-        # that also returns the states at each row's P positions), stacked like the cells.
-        at = positions.view(len(plan.labels), n).T  # (n, P): cells are label-major
-        with model.intervene(reads={r.name: at for r in states}) as record:
-            model.forward_from(0, model.embed(batch.tokens), positions=query)
-        for r in states:
-            picked = record[r.name]  # (n, P, ...)
+    if per_row:
+        for r in states:  # (n, P, ...) -> stacked like the cells, (P n, ...)
+            picked = record[r.name]
             source[r.name] = picked.transpose(0, 1).reshape(-1, *picked.shape[2:])
     elif states:
-        # Too many to keep at once in one pass: one pass over the stacked labels (P n rows).
+        # One pass over the stacked labels (P n rows), each row reading its one state.
         tokens = batch.tokens.repeat(len(plan.labels), 1)
         with model.intervene(reads={r.name: positions for r in states}) as record:
             model.forward_from(0, model.embed(tokens), positions=query.repeat(len(plan.labels)))
