@@ -19,15 +19,15 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
+from mecheval.layers.qkv_convs import ShortConvQKV
 from mecheval.layers.resume import Resume
-from mecheval.layers.short_conv import ShortConvolution
-from mecheval.layers.sites import Site, StateSite
+from mecheval.layers.sites import StateSite
 
 QK_ACTIVATIONS = ("silu", "relu", "elu", "identity")
 QK_NORMS = ("l2", "sum")
 
 
-class DeltaNet(nn.Module):
+class DeltaNet(ShortConvQKV):
     """DeltaNet mixer.
 
     Sites (with short convs): `q_conv_input`, `q_conv_output`, `k_conv_input`, `k_conv_output`
@@ -95,13 +95,7 @@ class DeltaNet(nn.Module):
         if use_beta:
             self.b_proj = nn.Linear(hidden_size, num_heads, bias=False)
         if use_short_conv:
-            qk_act = "silu" if qk_activation == "silu" else None
-            self.q_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, qk_act)
-            self.k_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, qk_act)
-            self.v_conv1d = ShortConvolution(self.value_dim, conv_size, conv_bias, "silu")
-            for name in ("q", "k", "v"):
-                for end in ("input", "output"):
-                    self.add_module(f"{name}_conv_{end}", Site(f"{name}_conv_{end}"))
+            self._add_convs(conv_size, conv_bias, "silu" if qk_activation == "silu" else None)
         self.o_norm = nn.RMSNorm(self.head_v_dim, eps=norm_eps)
         self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
         self.state = StateSite("state")
@@ -109,36 +103,13 @@ class DeltaNet(nn.Module):
     # See mecheval.layers.resume; context: (q, k, v conv inputs, recurrent state).
     resumable = True
 
-    def _conv(self, name: str, x: torch.Tensor, cache, keep: bool):
-        x = getattr(self, f"{name}_conv_input")(x)
-        x, final = getattr(self, f"{name}_conv1d")(x, cache, output_final_state=keep)
-        return getattr(self, f"{name}_conv_output")(x), final
-
     def forward(self, hidden_states: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
         """hidden_states: (B, T, hidden_size) -> (B, T, hidden_size)."""
         batch, length, _ = hidden_states.shape
-        H = self.num_heads
         context = (None,) * 4 if resume is None or resume.state is None else resume.state
-        convs_out = (None,) * 3
-        q, k, v = (
-            self.q_proj(hidden_states),
-            self.k_proj(hidden_states),
-            self.v_proj(hidden_states),
+        q, k, v, convs_out = self._qkv(
+            hidden_states, context[:3], resume is not None, self.qk_activation == "silu"
         )
-        if self.use_short_conv:
-            keep = resume is not None
-            (q, q_out), (k, k_out), (v, v_out) = (
-                self._conv(name, x, cache, keep)
-                for name, x, cache in zip("qkv", (q, k, v), context[:3], strict=True)
-            )
-            convs_out = (q_out, k_out, v_out)
-        else:
-            if self.qk_activation == "silu":
-                q, k = F.silu(q), F.silu(k)
-            v = F.silu(v)
-        q = q.view(batch, length, H, self.head_k_dim)
-        k = k.view(batch, length, H, self.head_k_dim)
-        v = v.view(batch, length, H, self.head_v_dim)
         if self.qk_activation == "relu":
             q, k = q.relu(), k.relu()
         elif self.qk_activation == "elu":
@@ -148,7 +119,7 @@ class DeltaNet(nn.Module):
         if self.use_beta:
             beta = self.b_proj(hidden_states).sigmoid()
         else:
-            beta = hidden_states.new_ones(batch, length, H)
+            beta = hidden_states.new_ones(batch, length, self.num_heads)
         if self.allow_neg_eigval:
             beta = beta * 2
         l2 = self.qk_norm == "l2"
@@ -191,11 +162,3 @@ class DeltaNet(nn.Module):
         # float32, and a mixed-dtype RMSNorm falls off its fused path with a warning.
         o = self.o_norm(o.float())
         return self.o_proj(o.reshape(batch, length, self.value_dim))
-
-    def state_size(self, sequence_length: int) -> int:
-        """Floats carried between tokens: the state num_heads * head_k_dim * head_v_dim plus the
-        short convs' last conv_size - 1 inputs. (zoology counts only the state.)"""
-        window = self.conv_size - 1 if self.use_short_conv else 0
-        return self.num_heads * self.head_k_dim * self.head_v_dim + window * (
-            2 * self.key_dim + self.value_dim
-        )

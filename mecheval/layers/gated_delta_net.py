@@ -25,9 +25,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
+from mecheval.layers.qkv_convs import ShortConvQKV
 from mecheval.layers.resume import Resume
-from mecheval.layers.short_conv import ShortConvolution
-from mecheval.layers.sites import Site, StateSite
+from mecheval.layers.sites import StateSite
 
 
 class GatedRMSNorm(nn.Module):
@@ -51,7 +51,7 @@ class GatedRMSNorm(nn.Module):
         return x * F.silu(gate.float())
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(ShortConvQKV):
     """Gated DeltaNet mixer.
 
     Sites (with short convs): `q_conv_input`, `q_conv_output`, `k_conv_input`, `k_conv_output`
@@ -123,12 +123,7 @@ class GatedDeltaNet(nn.Module):
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^{-1}(dt)
         self.dt_bias._no_weight_decay = True
         if use_short_conv:
-            self.q_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, "silu")
-            self.k_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, "silu")
-            self.v_conv1d = ShortConvolution(self.value_dim, conv_size, conv_bias, "silu")
-            for name in ("q", "k", "v"):
-                for end in ("input", "output"):
-                    self.add_module(f"{name}_conv_{end}", Site(f"{name}_conv_{end}"))
+            self._add_convs(conv_size, conv_bias, "silu")
         if use_gate:
             self.g_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
             self.o_norm = GatedRMSNorm(self.head_v_dim, eps=norm_eps)
@@ -140,34 +135,12 @@ class GatedDeltaNet(nn.Module):
     # See mecheval.layers.resume; context: (q, k, v conv inputs, recurrent state).
     resumable = True
 
-    def _conv(self, name: str, x: torch.Tensor, cache, keep: bool):
-        x = getattr(self, f"{name}_conv_input")(x)
-        x, final = getattr(self, f"{name}_conv1d")(x, cache, output_final_state=keep)
-        return getattr(self, f"{name}_conv_output")(x), final
-
     def forward(self, hidden_states: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
         """hidden_states: (B, T, hidden_size) -> (B, T, hidden_size)."""
         batch, length, _ = hidden_states.shape
         H = self.num_heads
         context = (None,) * 4 if resume is None or resume.state is None else resume.state
-        convs_out = (None,) * 3
-        q, k, v = (
-            self.q_proj(hidden_states),
-            self.k_proj(hidden_states),
-            self.v_proj(hidden_states),
-        )
-        if self.use_short_conv:
-            keep = resume is not None
-            (q, q_out), (k, k_out), (v, v_out) = (
-                self._conv(name, x, cache, keep)
-                for name, x, cache in zip("qkv", (q, k, v), context[:3], strict=True)
-            )
-            convs_out = (q_out, k_out, v_out)
-        else:
-            q, k, v = F.silu(q), F.silu(k), F.silu(v)
-        q = q.view(batch, length, H, self.head_k_dim)
-        k = k.view(batch, length, H, self.head_k_dim)
-        v = v.view(batch, length, H, self.head_v_dim)
+        q, k, v, convs_out = self._qkv(hidden_states, context[:3], resume is not None, True)
         # Decays and write strengths in float32 (fla computes g in float32 too).
         g = -self.A_log.float().exp() * F.softplus(
             self.a_proj(hidden_states).float() + self.dt_bias.float()
@@ -220,11 +193,3 @@ class GatedDeltaNet(nn.Module):
         else:
             o = self.o_norm(o.float())
         return self.o_proj(o.reshape(batch, length, self.value_dim))
-
-    def state_size(self, sequence_length: int) -> int:
-        """Floats carried between tokens: the state num_heads * head_dim * head_v_dim plus the
-        short convs' last conv_size - 1 inputs."""
-        window = self.conv_size - 1 if self.use_short_conv else 0
-        return self.num_heads * self.head_k_dim * self.head_v_dim + window * (
-            2 * self.key_dim + self.value_dim
-        )
