@@ -36,7 +36,7 @@ def test_cli_run_with_a_dotted_override_runs_the_default_sweep(monkeypatch, tmp_
     assert cli.main(["run", "sweep.base.steps=5", "--out", str(tmp_path / "out")]) == 2
     sweep = seen["config"].sweep
     assert sweep["base"]["steps"] == 5 and sweep["base"]["task"]["options"]["num_keys"] == 16
-    assert sweep["grid"]["seed"] == [0, 1] and len(sweep["grid"]["model.arch"]) == 5
+    assert sweep["grid"]["seed"] == [0, 1] and len(sweep["grid"]["model.arch"]) == 7
 
 
 def test_dotted_override_reaches_a_grid_key_holding_dots():
