@@ -16,6 +16,7 @@ orders of magnitude slower (see docs/kernels.md).
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -25,6 +26,7 @@ from kernels._op import compute_dtype
 from kernels.layout import match_layout
 from kernels.selective_scan.op import ScanArgs
 
+LOG2E = math.log2(math.e)
 # Elements of one (T, rows, D, N) chunk buffer; the backward holds about six of them.
 CHUNK_ELEMENTS = 1 << 20
 # Batch tiles are sized so that a chunk holds at least this many positions.
@@ -103,10 +105,16 @@ def _outer(w: torch.Tensor, Xc: torch.Tensor, X: torch.Tensor, out: torch.Tensor
     return out
 
 
-def _inner(states: torch.Tensor, Xc: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-    """sum_n states * X: (T, B, D)."""
+def _inner(
+    states: torch.Tensor, Xc: torch.Tensor, X: torch.Tensor, scratch: torch.Tensor | None = None
+) -> torch.Tensor:
+    """sum_n states * X: (T, B, D). `scratch`: a free buffer of the states' shape; with one, a
+    (B, N, L) X is multiplied in and summed by one matrix-vector product (about 3x faster on
+    CPU than the batched (D, N) x (N, 1) products)."""
     if X.dim() == 2:
         return _sum_last(states * Xc)
+    if X.dim() == 3 and scratch is not None:
+        return _sum_last(torch.mul(states, Xc[:, :, None, :], out=scratch))
     if X.dim() == 3:
         return (states @ Xc[..., None]).squeeze(-1)
     T, batch, channels, N = states.shape
@@ -159,7 +167,7 @@ def _from_time_major(x: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
 def _scan_chunk(
     dt: torch.Tensor,
     u: torch.Tensor,
-    A: torch.Tensor,
+    A_log2: torch.Tensor,
     Bc: torch.Tensor,
     B: torch.Tensor,
     h0: torch.Tensor,
@@ -167,9 +175,11 @@ def _scan_chunk(
     h: torch.Tensor,
 ) -> None:
     """Decays a = exp(dt A) and states h of one chunk, both (T, B, D, N), written into the given
-    buffers (reused across chunks: large fresh allocations cost page faults on CPU)."""
-    torch.mul(dt[..., None], A, out=a)
-    a.exp_()
+    buffers (reused across chunks: large fresh allocations cost page faults on CPU). A_log2 is
+    A log2(e): exp2 is about 2.5x faster than exp on CPU, and the decay is the scan's costliest
+    step."""
+    torch.mul(dt[..., None], A_log2, out=a)
+    a.exp2_()
     _outer(dt * u, Bc, B, h)  # dt * B * u, turned into the states in place
     h[0].addcmul_(a[0], h0)
     for i in range(1, h.shape[0]):
@@ -245,6 +255,7 @@ def _forward_rows(args: ScanArgs, T: int, at: torch.Tensor | None = None):
     N = args.A.shape[1]
     x = _chunked(args, compute)
     dt_t, u_t, A_c, B_c, C_c, u_c = x.dt_t, x.u_t, x.A, x.B_t, x.C_t, x.u
+    A_log2 = A_c * LOG2E
 
     n_chunks = (length + T - 1) // T
     checkpoints = u.new_empty(n_chunks if save else 0, batch, channels, N, dtype=compute)
@@ -259,8 +270,8 @@ def _forward_rows(args: ScanArgs, T: int, at: torch.Tensor | None = None):
         a, hs = a_buf[: t1 - t0], h_buf[: t1 - t0]
         if save:
             checkpoints[c].copy_(state)
-        _scan_chunk(dt_t[t0:t1], u_t[t0:t1], A_c, _chunk(B_c, t0, t1), B, state, a, hs)
-        y[t0:t1] = _inner(hs, _chunk(C_c, t0, t1), C)
+        _scan_chunk(dt_t[t0:t1], u_t[t0:t1], A_log2, _chunk(B_c, t0, t1), B, state, a, hs)
+        y[t0:t1] = _inner(hs, _chunk(C_c, t0, t1), C, scratch=a)  # a is done with
         if at is not None:  # the (row, j) pairs whose position lies in this chunk
             rows, j = ((at >= t0) & (at < t1)).nonzero(as_tuple=True)
             picked[rows, j] = hs[at[rows, j] - t0, rows]
@@ -325,6 +336,7 @@ def _backward_rows(args: ScanArgs, dout, dlast, checkpoints, T: int) -> list:
     N = args.A.shape[1]
     x = _chunked(args, compute)
     dt_t, u_t, A_c, B_c, C_c, u_c = x.dt_t, x.u_t, x.A, x.B_t, x.C_t, x.u
+    A_log2 = A_c * LOG2E
 
     # g: the gradient of y = <h, C>, through the gate when there is one.
     g = dout.to(compute)
@@ -350,9 +362,9 @@ def _backward_rows(args: ScanArgs, dout, dlast, checkpoints, T: int) -> list:
         dt_c, u_c_t, g_c = dt_t[t0:t1], u_t[t0:t1], g_t[t0:t1]
         Bc, Cc = _chunk(B_c, t0, t1), _chunk(C_c, t0, t1)
         a, hs, dh = a_buf[: t1 - t0], h_buf[: t1 - t0], dh_buf[: t1 - t0]
-        _scan_chunk(dt_c, u_c_t, A_c, Bc, B, h0, a, hs)
+        _scan_chunk(dt_c, u_c_t, A_log2, Bc, B, h0, a, hs)
         if z is not None:
-            y_t[t0:t1] = _inner(hs, Cc, C)
+            y_t[t0:t1] = _inner(hs, Cc, C, scratch=dh)  # dh is written below
         _add_grad(dC_t, _grad(g_c, hs, C), t0, t1)
 
         # The adjoint of the states, backwards through the chunk, from the later chunk's carry.
