@@ -35,6 +35,7 @@ rounding; the tests check every cell.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,8 @@ from tqdm.auto import tqdm
 from mecheval.interventions.plan import GridPlan, check_batch, plan_grid, select_sites
 from mecheval.layers.resume import context_rows
 from mecheval.tasks import Batch
+
+_LOG2E = math.log2(math.e)
 
 __all__ = ["COLUMNS", "interchange_grid", "logits_at", "plan_grid", "select_sites"]
 
@@ -91,6 +94,13 @@ class Clean:
         return Clean(self.probs[rows], self.neg_entropy[rows])
 
 
+def _logsumexp(x: torch.Tensor) -> torch.Tensor:
+    """log sum exp over the last axis of a float (rows, V) tensor, by exp2 (about 2.5x faster
+    than exp on CPU, where this is a tenth of a recurrent model's grid)."""
+    top = x.amax(-1, keepdim=True)
+    return top[:, 0] + torch.sub(x, top).mul_(_LOG2E).exp2_().sum(-1).log()
+
+
 def _metrics(logits: torch.Tensor, answers: torch.Tensor, clean: Clean):
     """(p of the answer, the answer's logit, KL(clean || patched)) per row.
 
@@ -98,9 +108,9 @@ def _metrics(logits: torch.Tensor, answers: torch.Tensor, clean: Clean):
     one log-sum-exp and one dot product per row instead of a log-softmax over the vocabulary.
     """
     logits = logits.float()
-    lse = torch.logsumexp(logits, dim=-1)
+    lse = _logsumexp(logits)
     logit = logits.gather(1, answers[:, None])[:, 0]
-    dot = (clean.probs[:, None, :] @ logits[:, :, None])[:, 0, 0]
+    dot = torch.linalg.vecdot(clean.probs, logits)
     kl = (clean.neg_entropy - dot + lse).clamp_min(0.0)
     return (logit - lse).exp(), logit, kl
 
@@ -117,6 +127,33 @@ def _base_contexts(model, embedded: torch.Tensor, points: list[int]) -> dict[int
         contexts[point] = current
         previous = point
     return contexts
+
+
+class _Contexts:
+    """The base run's mixer contexts at each resume point, handed out for a chunk's rows. The
+    rows of a chunk recur from site to site (the same cells, bucketed the same way), so each
+    selection is gathered once and kept while the kept ones fit in `budget` bytes; a chunk of
+    every document in order takes the contexts as they are."""
+
+    def __init__(self, at_point: dict[int, list], n: int, budget: int) -> None:
+        self.at_point, self.n, self.budget = at_point, n, budget
+        self.kept: dict[tuple, tuple[torch.Tensor, list]] = {}
+        self.kept_bytes = 0
+
+    def rows(self, point: int, first_block: int, rows: torch.Tensor) -> list:
+        contexts = self.at_point[point][first_block:]
+        if len(rows) == self.n and torch.equal(rows, torch.arange(self.n, device=rows.device)):
+            return contexts
+        key = (point, first_block, len(rows), int(rows[0]), int(rows[-1]))
+        kept = self.kept.get(key)
+        if kept is not None and torch.equal(kept[0], rows):
+            return kept[1]
+        gathered = [context_rows(c, rows) for c in contexts]
+        size = sum(t.nbytes for c in gathered if c for t in c if t is not None)
+        if self.kept_bytes + size <= self.budget:
+            self.kept[key] = (rows, gathered)
+            self.kept_bytes += size
+        return gathered
 
 
 @torch.no_grad()
@@ -237,7 +274,11 @@ def _run(model, plan: GridPlan, batch: Batch, base_tokens: torch.Tensor, progres
     clean_dist = Clean.of(clean)
     p_original = _metrics(clean, answers, clean_dist)[0]
     corrupt = _metrics(corrupt_logits, answers, clean_dist)
-    contexts = _base_contexts(model, base_embedded, plan.points) if plan.points else {}
+    contexts = _Contexts(
+        _base_contexts(model, base_embedded, plan.points) if plan.points else {},
+        len(batch),
+        plan.memory_budget // 4,
+    )
     outputs = []
     for site in tqdm(plan.sites, disable=not progress, desc="interchange grid", unit="site"):
         ref, values = site.ref, source[site.ref.name]
@@ -254,9 +295,7 @@ def _run(model, plan: GridPlan, batch: Batch, base_tokens: torch.Tensor, progres
                 rows = example[cells]
                 at, q_at = positions[cells] - start, query[rows] - start
                 suffix = residual[rows, start:]
-                resumed = None
-                if start:
-                    resumed = [context_rows(c, rows) for c in contexts[start][site.first_block :]]
+                resumed = contexts.rows(start, site.first_block, rows) if start else None
                 if is_output:  # the next block reads exactly the patched output
                     patched = suffix.index_put(
                         (torch.arange(len(cells), device=device), at), values[cells]
