@@ -15,8 +15,9 @@ they are chunked; `interchange_grid` runs that plan. How it is fast, and still e
 - causality prunes the work: positions after the last query are never computed, and a cell whose
   patch cannot reach its row's query (a position after the query; the state after the query; a
   site after the last layer's mixer, which acts on each position alone, anywhere but at the
-  query) is not run: its result is the corrupted run's, exactly; nor is a cell before its
-  document's first corrupted token (the documents agree there: the patch is the identity);
+  query) is not run: its result is the corrupted run's, exactly; nor is a cell whose patch is
+  the identity: before its document's first corrupted token (the documents agree there), or at
+  a token-local site of the first block where both documents hold the same token;
 - a patch of a block's output restarts at the next block, which reads exactly that tensor;
 - when every mixer from the restart layer on is resumable (every mixer of the zoo: see
   mecheval.layers.resume), a cell also restarts near its position: cells are bucketed by

@@ -10,7 +10,10 @@ position positions[i]. What a plan prunes and reuses:
 - a cell whose patch cannot reach its document's query is not run (`reaches_query`);
 - given the corrupted documents, a cell before its document's first corrupted token is not run
   either: the two documents agree there, so source and base activations (and states) agree and
-  the patch is the identity (`before_corruption`);
+  the patch is the identity (`before_corruption`); nor is a cell of a token-local site (one
+  whose value at a position depends on the token there alone: the first block's input, its
+  normalised input, its mixer's input projections; `model.token_local_sites()`) at a position
+  where the two documents hold the same token (`same_token`);
 - a cell restarts at its site's block (the next one for block_output), and, when every mixer
   from there on resumes (mecheval.layers.resume), at the resume point at or before its
   position (`points`), from the base run's contexts there;
@@ -92,6 +95,14 @@ def before_corruption(
     length = tokens.shape[1]
     first = torch.where(differs.any(1), differs.int().argmax(1), length)
     return positions < first[example]
+
+
+def same_token(
+    positions: torch.Tensor, tokens: torch.Tensor, corrupted: torch.Tensor, example: torch.Tensor
+) -> torch.Tensor:
+    """Cells whose document holds the same token at their position in both documents (a
+    token-local site has the same value there in both runs)."""
+    return tokens[example, positions] == corrupted[example, positions]
 
 
 # Cells are bucketed by position into resume points: multiples of a stride that make at most
@@ -184,8 +195,9 @@ def plan_grid(
     memory_budget: int = 1 << 30,
 ) -> GridPlan:
     """The plan `interchange_grid` runs for these arguments (the same ones; the corrupted
-    documents, keyword here, only prune the cells before each document's corruption: without
-    them the plan counts those cells as run)."""
+    documents, keyword here, only prune the cells whose patch is the identity, before each
+    document's corruption or at a token-local site where the documents agree: without them
+    the plan counts those cells as run)."""
     check_batch(batch)
     device = next(model.parameters()).device
     batch = batch.to(device)
@@ -200,14 +212,17 @@ def plan_grid(
     if _resumable(model, 0):
         points = _resume_points(model, all_positions, needed, n, memory_budget)
     last_layer = len(model.layers) - 1
-    identity = torch.zeros_like(all_positions, dtype=torch.bool)
+    identity = local_identity = torch.zeros_like(all_positions, dtype=torch.bool)
     if corrupted is not None:
         corrupted = torch.as_tensor(corrupted, device=device)
         identity = before_corruption(all_positions, batch.tokens, corrupted, example)
+        local_identity = identity | same_token(all_positions, batch.tokens, corrupted, example)
+    token_local = set(model.token_local_sites())
     plans = []
     for ref in select_sites(model, layers, sites):
         reaches = reaches_query(ref, all_positions, query[example], last_layer)
-        live = (reaches & ~identity).nonzero()[:, 0]
+        skip = local_identity if ref.name in token_local else identity
+        live = (reaches & ~skip).nonzero()[:, 0]
         starts = torch.zeros_like(live)
         if points:
             table = torch.tensor(points, device=device)

@@ -53,6 +53,11 @@ class BaseConv(nn.Module):
     resumable = True
 
     @property
+    def local_sites(self) -> tuple[str, ...]:
+        """See mecheval.layers.sites: the conv's input is the mixer's input."""
+        return self._site_names[:1]
+
+    @property
     def is_long(self) -> bool:
         return self.kernel_size == -1
 

@@ -85,6 +85,7 @@ class H3(nn.Module):
     # See mecheval.layers.resume; context: every past input of the shift SSM (B, P, d_model)
     # and of the diagonal SSM (B, P, H head_dim^2), both run as long convolutions.
     resumable = True
+    local_sites = ("conv_input",)  # see mecheval.layers.sites: k_proj of one position
 
     def shift_kernel(self, length: int) -> torch.Tensor:
         """The shift SSM's convolution kernel, (min(length, N), d_model) float32:

@@ -61,6 +61,7 @@ class Hyena(nn.Module):
     # See mecheval.layers.resume; context: the short filter's last inputs (B, 3 d, W - 1) and
     # every past input of the long convolution (B, P, d).
     resumable = True
+    local_sites = ("conv_input",)  # see mecheval.layers.sites: in_proj of one position
 
     def forward(self, u: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
         """u: (B, L, d_model) -> (B, L, d_model)."""

@@ -195,6 +195,11 @@ class Mamba2(nn.Module):
 
     resumable = True  # see mecheval.layers.resume; context: (conv inputs, scan state)
 
+    @property
+    def local_sites(self) -> tuple[str, ...]:
+        """See mecheval.layers.sites: the conv's input is in_proj of one position."""
+        return ("conv_input",) if self.use_conv else ()
+
     def forward(self, hidden_states: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
         """hidden_states: (B, L, d_model) -> (B, L, d_model)."""
         batch, length, _ = hidden_states.shape

@@ -17,6 +17,11 @@ class ShortConvQKV(nn.Module):
     `head_v_dim`, `key_dim`, `value_dim`, `use_short_conv` and `conv_size`, and calls
     `_add_convs` when it uses short convs."""
 
+    @property
+    def local_sites(self) -> tuple[str, ...]:
+        """See mecheval.layers.sites: the convs' inputs are projections of one position."""
+        return ("q_conv_input", "k_conv_input", "v_conv_input") if self.use_short_conv else ()
+
     def _add_convs(self, conv_size: int, conv_bias: bool, qk_activation: str | None) -> None:
         """The three short convs (q and k with `qk_activation`, v with SiLU) and their sites."""
         self.q_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, qk_activation)

@@ -14,6 +14,12 @@ Semantics, the same for every site:
 
 Because `Site` is an `nn.Module` called on every forward, standard forward hooks on it (and tools
 built on them) see, and may replace, the activation too.
+
+A mixer lists in `local_sites` (a tuple of site names, empty by default) its sites whose value at
+a position is a function of its input at that position alone (input projections before any
+sequence mixing). In the first block such a site sees one token alone, so where two documents
+agree on that token it holds the same value in both: the interchange grid knows a patch there
+is the identity without running it (mecheval.interventions.plan).
 """
 
 from __future__ import annotations

@@ -230,6 +230,14 @@ class LanguageModel(nn.Module):
         """Every site, in the order the forward pass reaches them, e.g. "layers.0.conv_input"."""
         return list(self._sites)
 
+    def token_local_sites(self) -> list[str]:
+        """Sites whose value at a position depends on the token there (and the position) alone:
+        the first block's input, its normalised input and its mixer's `local_sites` (see
+        mecheval.layers.sites)."""
+        mixer = self.layers[0].mixer
+        local = ["block_input", "mixer_input", *getattr(mixer, "local_sites", ())]
+        return [f"layers.0.{short}" for short in local if f"layers.0.{short}" in self._sites]
+
     def site(self, name: str) -> Site | StateSite:
         """The module of a site (forward hooks on a `Site` see its (B, L, C) activation)."""
         self._check_names([name])

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from mecheval.interventions import grid as grid_module
-from mecheval.interventions import interchange_grid, plan_grid
+from mecheval.interventions import interchange_grid, per_cell_loop, plan_grid
 from mecheval.interventions.plan import AFTER_MIXER
-from mecheval.models import build_model
+from mecheval.models import ARCHITECTURES, build_model
 from mecheval.tasks import make_task
 
 TASK = make_task("ar", num_pairs=4, num_keys=16)
@@ -74,3 +74,60 @@ def test_cells_before_the_corruption_are_not_run():
         # Only the query's cells run after the last mixer: none of them lies before the key.
         after_last_mixer = site.ref.layer == 1 and site.ref.short in AFTER_MIXER
         assert len(site.live) < before or after_last_mixer
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_token_local_sites_depend_on_their_own_token_alone(arch):
+    """What `token_local_sites()` declares, checked on the model itself: two documents that
+    differ at one position hold the same values at every other position of those sites."""
+    torch.manual_seed(0)
+    model = build_model(arch, TASK.vocab_size, d_model=16, max_len=TASK.max_document_length)
+    batch = TASK.sample(4, seed=1, split="dev")
+    changed, at = batch.tokens.clone(), 5
+    changed[:, at] = (changed[:, at] + 1 - 3) % (TASK.vocab_size - 3) + 3
+    local = model.token_local_sites()
+    assert {"layers.0.block_input", "layers.0.mixer_input"} <= set(local)
+    assert all(name.startswith("layers.0.") for name in local)
+    reads = {name: None for name in model.site_names() if name.startswith("layers.0.")}
+    reads.pop("layers.0.state", None)
+    with torch.no_grad():
+        with model.intervene(reads=reads) as first:
+            model(batch.tokens)
+        with model.intervene(reads=reads) as second:
+            model(changed)
+    others = [p for p in range(batch.tokens.shape[1]) if p != at]
+    for name in local:
+        torch.testing.assert_close(first[name][:, others], second[name][:, others], msg=name)
+        assert not torch.equal(first[name][:, at], second[name][:, at]), name
+    # The mixer's output mixes positions: it is not token-local, and it does differ later on.
+    mixed = "layers.0.mixer_output"
+    assert mixed not in local
+    assert not torch.equal(first[mixed][:, at + 1 :], second[mixed][:, at + 1 :])
+
+
+@pytest.mark.parametrize("arch", ["mamba", "deltanet", "hyena", "attention"])
+def test_token_local_cells_where_the_documents_agree_are_not_run(arch):
+    """At a token-local site the patch of a position where both documents hold the same token
+    is the identity: the plan leaves those cells out, and the per-cell loop (the oracle) finds
+    that they restore nothing."""
+    model, batch, corrupted = _setup(arch)
+    plan = plan_grid(model, batch, positions=["all"], corrupted=corrupted)
+    local = set(model.token_local_sites())
+    same = batch.tokens[plan.example, plan.positions] == corrupted[plan.example, plan.positions]
+    loop = per_cell_loop(model, batch, corrupted, layers=0, positions=["all"])
+    for site in plan.sites:
+        if site.ref.name not in local:
+            continue
+        assert not same[site.live].any(), site.ref.name
+        rows = loop[loop["site"] == site.ref.short]
+        skipped = same.numpy()
+        np.testing.assert_allclose(
+            rows["p_restored"].to_numpy()[skipped],
+            rows["p_corrupted"].to_numpy()[skipped],
+            rtol=1e-5,
+            atol=1e-7,
+            err_msg=site.ref.name,
+        )
+        # The corrupted key itself is still run, and there the patch does restore something.
+        assert len(site.live) > 0
+    assert any(s.ref.name in local for s in plan.sites)
