@@ -22,7 +22,8 @@ they are chunked; `interchange_grid` runs that plan. How it is fast, and still e
 - when every mixer from the restart layer on is resumable (every mixer of the zoo: see
   mecheval.layers.resume), a cell also restarts near its position: cells are bucketed by
   position, and a bucket starting at s runs only positions s.. from the base run's mixer
-  contexts at s (computed once, by running the base in segments), since the patched run equals
+  contexts at s (the base itself runs once, in segments split at the resume points, which
+  leaves them), since the patched run equals
   the base run before the patched position;
 - only the query position's logits are computed, and the KL and the answer's probability come
   from one log-sum-exp per row;
@@ -116,18 +117,32 @@ def _metrics(logits: torch.Tensor, answers: torch.Tensor, clean: Clean):
     return (logit - lse).exp(), logit, kl
 
 
-def _base_contexts(model, embedded: torch.Tensor, points: list[int]) -> dict[int, list]:
-    """point -> every layer's mixer context after the base run's positions [0, point), from one
-    pass over the base in segments."""
+def _base_run(model, embedded: torch.Tensor, query: torch.Tensor, reads: dict, plan: GridPlan):
+    """The base (corrupted) run, once: its logits at each row's query, the sites `reads`
+    names (n, needed, C), and point -> every layer's mixer context after positions [0, point)
+    (only when the plan has resume points: the run then goes in segments split at them)."""
+    if not plan.points:
+        with model.intervene(reads=reads) as record:
+            logits = logits_at(model, 0, embedded[:, : plan.needed], query)
+        return logits, {name: record[name] for name in reads}, {}
     contexts: dict[int, list] = {0: [None] * len(model.layers)}
-    current = contexts[0]
-    rows = torch.zeros(embedded.shape[0], dtype=torch.long, device=embedded.device)
-    previous = 0
-    for point in [p for p in points if p > 0]:
-        _, current = model.resume_from(0, embedded[:, previous:point], current, positions=rows)
-        contexts[point] = current
-        previous = point
-    return contexts
+    parts: dict[str, list] = {name: [] for name in reads}
+    logits, start = None, 0
+    for end in [p for p in plan.points if p > 0] + [plan.needed]:
+        here = (query >= start) & (query < end)  # the rows whose query this segment holds
+        at = (query - start).clamp(0, end - start - 1)  # (the others' are ignored)
+        with model.intervene(reads=reads) as record:
+            segment_logits, contexts[end] = model.resume_from(
+                0, embedded[:, start:end], contexts[start], positions=at, head=bool(here.any())
+            )
+        for name in reads:
+            parts[name].append(record[name])
+        if segment_logits is not None:
+            if logits is None:
+                logits = segment_logits.new_empty(segment_logits.shape)
+            logits[here] = segment_logits[here]
+        start = end
+    return logits, {name: torch.cat(p, 1) for name, p in parts.items()}, contexts
 
 
 class _Contexts:
@@ -266,20 +281,16 @@ def _run(model, plan: GridPlan, batch: Batch, base_tokens: torch.Tensor, progres
     after = sorted({s.ref.layer for s in plan.sites if s.ref.short == "block_output"})
     reads = {f"layers.{i}.block_input": None for i in restart}
     reads.update({f"layers.{i}.block_output": None for i in after})
-    base_embedded = model.embed(base_tokens)
-    with model.intervene(reads=reads) as record:
-        corrupt_logits = logits_at(model, 0, base_embedded, query)
+    corrupt_logits, record, at_point = _base_run(
+        model, model.embed(base_tokens), query, reads, plan
+    )
     base_inputs = {(i, False): record[f"layers.{i}.block_input"] for i in restart}
     base_inputs.update({(i, True): record[f"layers.{i}.block_output"] for i in after})
 
     clean_dist = Clean.of(clean)
     p_original = _metrics(clean, answers, clean_dist)[0]
     corrupt = _metrics(corrupt_logits, answers, clean_dist)
-    contexts = _Contexts(
-        _base_contexts(model, base_embedded, plan.points) if plan.points else {},
-        len(batch),
-        plan.memory_budget // 4,
-    )
+    contexts = _Contexts(at_point, len(batch), plan.memory_budget // 4)
     outputs = []
     for site in tqdm(plan.sites, disable=not progress, desc="interchange grid", unit="site"):
         ref, values = site.ref, source[site.ref.name]
@@ -288,7 +299,7 @@ def _run(model, plan: GridPlan, batch: Batch, base_tokens: torch.Tensor, progres
         # Cells that do not run keep the corrupted run's results.
         restored, logit, kl = (m[example].clone() for m in corrupt)
         is_output = ref.short == "block_output"
-        residual = base_inputs[(ref.layer, is_output)][:, : plan.needed]
+        residual = base_inputs[(ref.layer, is_output)]
         for start in site.starts.unique().tolist():
             bucket = site.live[site.starts == start]
             for first in range(0, len(bucket), plan.chunk):

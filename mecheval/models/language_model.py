@@ -91,7 +91,8 @@ class LanguageModel(nn.Module):
         residual: torch.Tensor,
         positions: torch.Tensor | None = None,
         resumes: list[Resume] | None = None,
-    ) -> torch.Tensor:
+        head: bool = True,
+    ) -> torch.Tensor | None:
         """Run blocks layer_index..n_layers-1, the final norm and the tied head.
 
         Args:
@@ -103,9 +104,11 @@ class LanguageModel(nn.Module):
             resumes: optional, one `Resume` per block run: each block's mixer continues from
                 its context and leaves the context after these positions in it (see
                 `resume_from`, the form that returns them).
+            head: False runs the blocks alone (for their sites' reads, or the contexts they
+                leave) and returns None: no final norm, no head.
 
         Returns:
-            logits (B, L, vocab_size), or (B, vocab_size) at `positions`.
+            logits (B, L, vocab_size), or (B, vocab_size) at `positions`; None without head.
         """
         if not 0 <= layer_index <= len(self.layers):
             raise ValueError(f"layer_index must be in 0..{len(self.layers)}, got {layer_index}")
@@ -136,9 +139,13 @@ class LanguageModel(nn.Module):
         last = blocks[-1] if blocks else None
         if positions is not None and last is not None and last.after_mixer_idle():
             keep = positions
+        if not head and last is not None and last.after_mixer_idle():
+            keep = torch.zeros(residual.shape[0], dtype=torch.long, device=residual.device)
         for i, block in enumerate(blocks):
             resume = None if resumes is None else resumes[i]
             residual = block(residual, resume, keep if i == len(blocks) - 1 else None)
+        if not head:
+            return None
         if keep is not None:
             return F.linear(self.norm_f(residual[:, 0]), self.embedding.weight)
         hidden = self.norm_f(residual)
@@ -153,12 +160,13 @@ class LanguageModel(nn.Module):
         residual: torch.Tensor,
         contexts: list[tuple | None] | None = None,
         positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, list[tuple]]:
+        head: bool = True,
+    ) -> tuple[torch.Tensor | None, list[tuple]]:
         """Run positions that follow others (the contract between models and the intervention
         engine; mecheval.layers.resume).
 
         Args:
-            layer_index, residual, positions: as in `forward_from`; residual holds the
+            layer_index, residual, positions, head: as in `forward_from`; residual holds the
                 positions after those the contexts cover.
             contexts: per block run, the context its mixer left after the earlier positions
                 (None, or a None entry: the sequence starts here).
@@ -173,7 +181,7 @@ class LanguageModel(nn.Module):
             raise ValueError("a mixer from this layer on cannot resume a sequence")
         given = contexts if contexts is not None else [None] * len(blocks)
         resumes = [Resume(c) for c in given]
-        logits = self.forward_from(layer_index, residual, positions, resumes=resumes)
+        logits = self.forward_from(layer_index, residual, positions, resumes, head)
         return logits, [r.state for r in resumes]
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:

@@ -117,3 +117,23 @@ def test_resume_from_returns_the_contexts_to_continue_from(arch):
     torch.testing.assert_close(torch.cat([head, middle, tail], 1), whole, atol=2e-5, rtol=1e-4)
     assert len(contexts) == len(model.layers)
     assert not any(hasattr(block.mixer, "resume") for block in model.layers)
+
+
+@pytest.mark.parametrize("arch", ["attention", "mamba", "based"])
+def test_resume_from_without_head_leaves_the_same_contexts_and_reads(arch):
+    """head=False runs the blocks alone: no logits, but the same contexts and site reads."""
+    model = build_model(arch, V, D, max_len=L).eval()
+    tokens = torch.randint(0, V, (2, L), generator=torch.Generator().manual_seed(5))
+    x = model.embed(tokens)
+    reads = {name: None for name in model.site_names() if name.endswith("block_output")}
+    with torch.no_grad():
+        first, contexts = model.resume_from(0, x[:, :6])
+        with model.intervene(reads=reads) as with_head:
+            expected, _ = model.resume_from(0, x[:, 6:], contexts)
+        none, contexts_without = model.resume_from(0, x[:, :6], head=False)
+        with model.intervene(reads=reads) as without_head:
+            logits, _ = model.resume_from(0, x[:, 6:], contexts_without, head=False)
+    assert none is None and logits is None
+    for name in reads:
+        torch.testing.assert_close(without_head[name], with_head[name], msg=name)
+    torch.testing.assert_close(torch.cat([first, expected], 1), model.forward_from(0, x))
