@@ -115,10 +115,6 @@ MAX_RESUME_POINTS = 8
 SHARED_POSITION = 0.5
 
 
-def _resumable(model, layer: int) -> bool:
-    return all(getattr(block.mixer, "resumable", False) for block in model.layers[layer:])
-
-
 def _resume_points(model, positions: torch.Tensor, needed: int, n: int, budget: int) -> list[int]:
     """Where resumed runs may start (see MAX_RESUME_POINTS), kept only while the contexts
     stored there (n rows each) fit in half the memory budget."""
@@ -209,7 +205,7 @@ def plan_grid(
     example = torch.arange(n, device=device).repeat(len(labels))
     needed = int(query.max()) + 1  # positions after the last query reach no query
     points = []
-    if _resumable(model, 0):
+    if model.can_resume(0):
         points = _resume_points(model, all_positions, needed, n, memory_budget)
     last_layer = len(model.layers) - 1
     identity = local_identity = torch.zeros_like(all_positions, dtype=torch.bool)

@@ -39,7 +39,8 @@ def long_causal_conv(u: torch.Tensor, k: torch.Tensor, last: int | None = None) 
     Returns:
         y (B, last or L, C) in u's dtype (computed in float32, or float64 for float64 inputs).
     """
-    L, dtype = u.shape[1], u.dtype
+    batch, L, channels = u.shape
+    dtype = u.dtype
     first = 0 if last is None else L - last
     compute = torch.float64 if dtype == torch.float64 else torch.float32
     k = k[:L].to(compute)
@@ -53,8 +54,12 @@ def long_causal_conv(u: torch.Tensor, k: torch.Tensor, last: int | None = None) 
         # its batched path.
         lag = lag[:, first:]  # only the outputs asked for
         toeplitz = k.t()[:, lag.clamp(min=0)].masked_fill(lag < 0, 0.0)  # (C, L, L - first)
-        y = torch.bmm(u.permute(2, 0, 1).contiguous(), toeplitz)  # (C, B, L - first)
-        return y.permute(1, 2, 0).to(dtype)
+        # (B, L, C) <-> (C, B, L) as transposes of a matrix with C columns: on CPU several
+        # times faster than copying the 3-d permutation (which was most of a grid's H3 time).
+        u_t = u.reshape(batch * L, channels).t().contiguous().view(channels, batch, L)
+        y = torch.bmm(u_t, toeplitz)  # (C, B, L - first)
+        y = y.view(channels, batch * (L - first)).t().contiguous()
+        return y.view(batch, L - first, channels).to(dtype)
     n = 2 * L  # >= L + K - 1: no circular wrap-around into the first L outputs
     u_f = torch.fft.rfft(u, n=n, dim=1)
     k_f = torch.fft.rfft(k, n=n, dim=0)

@@ -176,13 +176,18 @@ class LanguageModel(nn.Module):
             the zoo resumes (its class says `resumable = True`); a model with one that cannot
             must be rerun from position 0 instead.
         """
-        blocks = self.layers[layer_index:]
-        if not all(getattr(block.mixer, "resumable", False) for block in blocks):
+        if not self.can_resume(layer_index):
             raise ValueError("a mixer from this layer on cannot resume a sequence")
+        blocks = self.layers[layer_index:]
         given = contexts if contexts is not None else [None] * len(blocks)
         resumes = [Resume(c) for c in given]
         logits = self.forward_from(layer_index, residual, positions, resumes, head)
         return logits, [r.state for r in resumes]
+
+    def can_resume(self, layer_index: int = 0) -> bool:
+        """Whether every mixer from this layer on resumes a sequence (`resume_from` may run
+        from it); a caller reruns from position 0 where not."""
+        return all(getattr(block.mixer, "resumable", False) for block in self.layers[layer_index:])
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """tokens: (B, L) integer -> logits (B, L, vocab_size), or (B, vocab_size) at one

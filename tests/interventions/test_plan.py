@@ -133,3 +133,24 @@ def test_token_local_cells_where_the_documents_agree_are_not_run(arch):
         # The corrupted key itself is still run, and there the patch does restore something.
         assert len(site.live) > 0
     assert any(s.ref.name in local for s in plan.sites)
+
+
+def test_a_mixer_that_cannot_resume_makes_the_grid_rerun_from_position_zero():
+    """The contract's fallback: a model whose mixer says it cannot resume gets no resume
+    points, `resume_from` refuses it, and every cell of its grid still equals the loop's."""
+    model, batch, corrupted = _setup("mamba")
+    model.layers[1].mixer.resumable = False  # as a mixer without resume support would say
+    assert model.can_resume(0) is False and model.can_resume(1) is False
+    with pytest.raises(ValueError, match="cannot resume"):
+        model.resume_from(0, model.embed(batch.tokens))
+    plan = plan_grid(model, batch, corrupted=corrupted)
+    assert plan.points == []
+    assert all((site.starts == 0).all() for site in plan.sites)
+    fast = interchange_grid(model, batch, corrupted)
+    slow = per_cell_loop(model, batch, corrupted)
+    keys = ["example", "layer", "site", "position"]
+    merged = fast.merge(slow, on=keys, suffixes=("", "_loop"), validate="one_to_one")
+    assert len(merged) == len(fast) == len(slow)
+    np.testing.assert_allclose(
+        merged["p_restored"], merged["p_restored_loop"], rtol=1e-4, atol=1e-6
+    )

@@ -35,6 +35,7 @@ def test_every_mixer_resumes():
     for arch in ARCHITECTURES:
         for mixer in _mixers(arch):
             assert mixer.resumable, (arch, type(mixer).__name__)
+        assert build_model(arch, V, D, max_len=L).can_resume(0), arch
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
