@@ -23,8 +23,7 @@ they are chunked; `interchange_grid` runs that plan. How it is fast, and still e
   mecheval.layers.resume), a cell also restarts near its position: cells are bucketed by
   position, and a bucket starting at s runs only positions s.. from the base run's mixer
   contexts at s (the base itself runs once, in segments split at the resume points, which
-  leaves them), since the patched run equals
-  the base run before the patched position;
+  leaves them), since the patched run equals the base run before the patched position;
 - only the query position's logits are computed, and the KL and the answer's probability come
   from one log-sum-exp per row;
 - `state` sites (the recurrent state after a position) are read and patched at every row's
