@@ -130,7 +130,7 @@ def test_token_local_cells_where_the_documents_agree_are_not_run(arch):
             atol=1e-7,
             err_msg=site.ref.name,
         )
-        # The corrupted key itself is still run, and there the patch does restore something.
+        # The cells at the corrupted key itself are still run.
         assert len(site.live) > 0
     assert any(s.ref.name in local for s in plan.sites)
 
