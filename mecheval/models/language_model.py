@@ -91,7 +91,7 @@ class LanguageModel(nn.Module):
         residual: torch.Tensor,
         positions: torch.Tensor | None = None,
         resumes: list[Resume] | None = None,
-        head: bool = True,
+        head: bool | str = True,
     ) -> torch.Tensor | None:
         """Run blocks layer_index..n_layers-1, the final norm and the tied head.
 
@@ -105,11 +105,16 @@ class LanguageModel(nn.Module):
                 its context and leaves the context after these positions in it (see
                 `resume_from`, the form that returns them).
             head: False runs the blocks alone (for their sites' reads, or the contexts they
-                leave) and returns None: no final norm, no head.
+                leave) and returns None: no final norm, no head. "hidden" stops before the
+                head: the final norm's output, whose product with `unembedding` transposed
+                is the logits.
 
         Returns:
-            logits (B, L, vocab_size), or (B, vocab_size) at `positions`; None without head.
+            logits (B, L, vocab_size), or (B, vocab_size) at `positions`; (B, L, d_model) or
+            (B, d_model) for head "hidden"; None without head.
         """
+        if head not in (True, False, "hidden"):
+            raise ValueError(f"head must be True, False or 'hidden', got {head!r}")
         if not 0 <= layer_index <= len(self.layers):
             raise ValueError(f"layer_index must be in 0..{len(self.layers)}, got {layer_index}")
         if residual.dim() != 3 or residual.shape[-1] != self.config.d_model:
@@ -147,12 +152,19 @@ class LanguageModel(nn.Module):
         if not head:
             return None
         if keep is not None:
-            return F.linear(self.norm_f(residual[:, 0]), self.embedding.weight)
-        hidden = self.norm_f(residual)
-        if positions is not None:
-            rows = torch.arange(hidden.shape[0], device=hidden.device)
-            hidden = hidden[rows, positions.to(hidden.device)]
-        return F.linear(hidden, self.embedding.weight)
+            hidden = self.norm_f(residual[:, 0])
+        else:
+            hidden = self.norm_f(residual)
+            if positions is not None:
+                rows = torch.arange(hidden.shape[0], device=hidden.device)
+                hidden = hidden[rows, positions.to(hidden.device)]
+        return hidden if head == "hidden" else F.linear(hidden, self.unembedding)
+
+    @property
+    def unembedding(self) -> torch.Tensor:
+        """The head's (vocab_size, d_model) matrix, tied to the embedding: logits are the
+        final norm's output times its transpose, with no bias."""
+        return self.embedding.weight
 
     def resume_from(
         self,
@@ -160,7 +172,7 @@ class LanguageModel(nn.Module):
         residual: torch.Tensor,
         contexts: list[tuple | None] | None = None,
         positions: torch.Tensor | None = None,
-        head: bool = True,
+        head: bool | str = True,
     ) -> tuple[torch.Tensor | None, list[tuple]]:
         """Run positions that follow others (the contract between models and the intervention
         engine; mecheval.layers.resume).

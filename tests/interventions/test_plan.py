@@ -33,9 +33,9 @@ def test_the_plan_counts_the_forwards_the_grid_runs(arch, positions, monkeypatch
     assert list(summary["site"]) == [s.ref.short for s in plan.sites]
     assert (summary["run"] <= summary["cells"]).all()
     calls = []
-    real = grid_module.logits_at
+    real = grid_module.hidden_at
     monkeypatch.setattr(
-        grid_module, "logits_at", lambda *a, **k: calls.append(a[1]) or real(*a, **k)
+        grid_module, "hidden_at", lambda *a, **k: calls.append(a[1]) or real(*a, **k)
     )
     interchange_grid(model, batch, corrupted, positions=positions, memory_budget=budget)
     # + the clean run, and the corrupted run unless it runs in segments (through resume_from)

@@ -29,6 +29,21 @@ def test_logits_at_positions_equal_the_full_forward(arch):
     torch.testing.assert_close(at, full, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("positions", [None, torch.tensor([0, 3, 10, 7, 7])], ids=["all", "at"])
+def test_head_hidden_is_the_heads_input(positions):
+    """head="hidden" stops before the head: its product with the unembedding is the logits."""
+    model = _model("mamba")
+    tokens = torch.randint(0, V, (5, L), generator=torch.Generator().manual_seed(1))
+    x = model.embed(tokens)
+    with torch.no_grad():
+        logits = model.forward_from(0, x, positions)
+        hidden = model.forward_from(0, x, positions, head="hidden")
+    assert hidden.shape == logits.shape[:-1] + (D,)
+    torch.testing.assert_close(hidden @ model.unembedding.T, logits)
+    with pytest.raises(ValueError, match="head must be True, False or 'hidden'"):
+        model.forward_from(0, x, head="logits")
+
+
 def test_sites_after_the_last_mixer_still_see_every_position():
     """The last MLP runs at the positions alone, unless a read or a hook looks at a site after
     the last mixer: that site then gets the whole (B, L, C) activation."""
