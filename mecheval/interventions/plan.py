@@ -14,6 +14,9 @@ position positions[i]. What a plan prunes and reuses:
   whose value at a position depends on the token there alone: the first block's input, its
   normalised input, its mixer's input projections; `model.token_local_sites()`) at a position
   where the two documents hold the same token (`same_token`);
+- in the last block, before the query, the block's input, its normalised input and its
+  mixer's `reach_site` change the query's logits alike (`model.query_alike_sites()`): those
+  cells run at the last of them the grid holds and the others copy their results (`copied`);
 - a cell restarts at its site's block (the next one for block_output), and, when every mixer
   from there on resumes (mecheval.layers.resume), at the resume point at or before its
   position (`points`), from the base run's contexts there;
@@ -131,12 +134,15 @@ def _resume_points(model, positions: torch.Tensor, needed: int, n: int, budget: 
 @dataclass(frozen=True)
 class SiteCells:
     """The cells of one site: those that run (`live`, indices into the stacked cells), the
-    block their patched forwards start at, and each live cell's resume point."""
+    block their patched forwards start at, each live cell's resume point, and the cells whose
+    results are those of site `copy_from` (`copied`, empty when None)."""
 
     ref: SiteRef
     first_block: int
     live: torch.Tensor
     starts: torch.Tensor
+    copied: torch.Tensor
+    copy_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -153,8 +159,9 @@ class GridPlan:
     memory_budget: int
 
     def summary(self) -> pd.DataFrame:
-        """Per site: cells, cells run, the first block run, patched forwards, and positions
-        run (summed over the cells run: from its resume point to the last query)."""
+        """Per site: cells, cells run, cells copied from another site, the first block run,
+        patched forwards, and positions run (summed over the cells run: from its resume point
+        to the last query)."""
         rows = []
         for s in self.sites:
             starts = s.starts.tolist()
@@ -165,6 +172,7 @@ class GridPlan:
                     "site": s.ref.short,
                     "cells": len(self.positions),
                     "run": len(s.live),
+                    "copied": len(s.copied),
                     "first_block": s.first_block,
                     "forwards": forwards,
                     "positions_run": int(sum(self.needed - p for p in starts)),
@@ -214,16 +222,25 @@ def plan_grid(
         identity = before_corruption(all_positions, batch.tokens, corrupted, example)
         local_identity = identity | same_token(all_positions, batch.tokens, corrupted, example)
     token_local = set(model.token_local_sites())
-    plans = []
-    for ref in select_sites(model, layers, sites):
+    refs = select_sites(model, layers, sites)
+    runs = {}  # site name -> the cells that change its query's logits
+    for ref in refs:
         reaches = reaches_query(ref, all_positions, query[example], last_layer)
-        skip = local_identity if ref.name in token_local else identity
-        live = (reaches & ~skip).nonzero()[:, 0]
+        runs[ref.name] = reaches & ~(local_identity if ref.name in token_local else identity)
+    alike = [name for name in model.query_alike_sites() if name in runs]
+    before_query = all_positions < query[example]
+    plans = []
+    for ref in refs:
+        copied, copy_from = torch.zeros_like(before_query), None
+        if ref.name in alike[:-1]:
+            copy_from = alike[-1]
+            copied = runs[ref.name] & runs[copy_from] & before_query
+        live = (runs[ref.name] & ~copied).nonzero()[:, 0]
         starts = torch.zeros_like(live)
         if points:
             table = torch.tensor(points, device=device)
             starts = table[torch.searchsorted(table, all_positions[live], right=True) - 1]
         first = ref.layer + 1 if ref.short == "block_output" else ref.layer
-        plans.append(SiteCells(ref, first, live, starts))
+        plans.append(SiteCells(ref, first, live, starts, copied.nonzero()[:, 0], copy_from))
     chunk = max(1, memory_budget // _bytes_per_row(model, length))
     return GridPlan(labels, all_positions, example, needed, points, chunk, plans, memory_budget)

@@ -58,6 +58,11 @@ class BaseConv(nn.Module):
         return self._site_names[:1]
 
     @property
+    def reach_site(self) -> str:
+        """See mecheval.layers.sites: only the conv reads other positions."""
+        return self._site_names[0]
+
+    @property
     def is_long(self) -> bool:
         return self.kernel_size == -1
 

@@ -62,6 +62,7 @@ class Hyena(nn.Module):
     # every past input of the long convolution (B, P, d).
     resumable = True
     local_sites = ("conv_input",)  # see mecheval.layers.sites: in_proj of one position
+    reach_site = "conv_input"  # (see there) the mixer's input is read by in_proj alone
 
     def forward(self, u: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
         """u: (B, L, d_model) -> (B, L, d_model)."""

@@ -137,6 +137,12 @@ class Mamba(nn.Module):
         """See mecheval.layers.sites: the conv's input is in_proj of one position."""
         return ("conv_input",) if self.use_conv else ()
 
+    @property
+    def reach_site(self) -> str | None:
+        """See mecheval.layers.sites: the input reaches other positions through x alone (z
+        gates its own position)."""
+        return "conv_input" if self.use_conv else None
+
     def forward(self, hidden_states: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
         """hidden_states: (B, L, d_model) -> (B, L, d_model)."""
         batch, length, _ = hidden_states.shape

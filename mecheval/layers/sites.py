@@ -20,6 +20,12 @@ a position is a function of its input at that position alone (input projections 
 sequence mixing). In the first block such a site sees one token alone, so where two documents
 agree on that token it holds the same value in both: the interchange grid knows a patch there
 is the identity without running it (mecheval.interventions.plan).
+
+A mixer names in `reach_site` (None by default) the site through which alone its input at a
+position reaches its output at other positions (the rest of its input acts at that position
+only, e.g. Mamba's gate z). In the last block, at a position before the query, a patch of the
+block's input, of its mixer's input or of that site then changes the logits at the query
+alike: the grid runs one of them and copies its results to the others.
 """
 
 from __future__ import annotations

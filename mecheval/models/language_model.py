@@ -263,6 +263,16 @@ class LanguageModel(nn.Module):
         local = ["block_input", "mixer_input", *getattr(mixer, "local_sites", ())]
         return [f"layers.0.{short}" for short in local if f"layers.0.{short}" in self._sites]
 
+    def query_alike_sites(self) -> list[str]:
+        """Sites of the last block whose patches at a position before the query change the
+        logits there alike: the block's input (its residual at that position reaches no
+        other), its normalised input and its mixer's `reach_site` (see mecheval.layers.sites),
+        in forward order."""
+        last = len(self.layers) - 1
+        reach = getattr(self.layers[last].mixer, "reach_site", None)
+        shorts = ["block_input", "mixer_input"] + ([reach] if reach else [])
+        return [f"layers.{last}.{s}" for s in shorts if f"layers.{last}.{s}" in self._sites]
+
     def site(self, name: str) -> Site | StateSite:
         """The module of a site (forward hooks on a `Site` see its (B, L, C) activation)."""
         self._check_names([name])

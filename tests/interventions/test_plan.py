@@ -50,7 +50,7 @@ def test_cells_the_plan_skips_keep_the_corrupted_result():
     for site in plan.sites:
         rows = table[(table["layer"] == site.ref.layer) & (table["site"] == site.ref.short)]
         skipped = np.ones(len(rows), dtype=bool)
-        skipped[site.live.numpy()] = False
+        skipped[site.live.numpy()] = skipped[site.copied.numpy()] = False
         part = rows.iloc[np.flatnonzero(skipped)]
         np.testing.assert_array_equal(part["p_restored"], part["p_corrupted"])
 
@@ -71,11 +71,13 @@ def test_cells_before_the_corruption_are_not_run():
     plan = plan_grid(model, batch, positions=["all"], corrupted=corrupted)
     first = (batch.tokens != corrupted).int().argmax(1)
     assert (first > 0).all()
-    for site, before in zip(plan.sites, without["run"], strict=True):
-        assert (plan.positions[site.live] >= first[plan.example[site.live]]).all()
+    before = without["run"] + without["copied"]
+    for site, before_site in zip(plan.sites, before, strict=True):
+        for cells in (site.live, site.copied):
+            assert (plan.positions[cells] >= first[plan.example[cells]]).all()
         # Only the query's cells run after the last mixer: none of them lies before the key.
         after_last_mixer = site.ref.layer == 1 and site.ref.short in AFTER_MIXER
-        assert len(site.live) < before or after_last_mixer
+        assert len(site.live) + len(site.copied) < before_site or after_last_mixer
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -133,6 +135,31 @@ def test_token_local_cells_where_the_documents_agree_are_not_run(arch):
         # The cells at the corrupted key itself are still run.
         assert len(site.live) > 0
     assert any(s.ref.name in local for s in plan.sites)
+
+
+@pytest.mark.parametrize("arch", ["mamba", "hyena", "base_conv", "deltanet"])
+def test_query_alike_sites_restore_alike_before_the_query(arch):
+    """What `query_alike_sites()` declares, checked by the per-cell loop (the oracle): in the
+    last block, at every position before the query, those sites' patches give the same
+    results; the plan runs them at the last of them and copies them to the others."""
+    model, batch, corrupted = _setup(arch)
+    alike = model.query_alike_sites()
+    last = len(model.layers) - 1
+    shorts = [name.split(".", 2)[2] for name in alike]
+    assert shorts[:2] == ["block_input", "mixer_input"]
+    # DeltaNet's input reaches other positions through q, k, v and beta: no one site.
+    assert len(shorts) == (2 if arch == "deltanet" else 3)
+    loop = per_cell_loop(model, batch, corrupted, layers=last, sites=shorts, positions=["all"])
+    query = batch.positions["query"].numpy()[loop["example"].to_numpy()]
+    before = loop[loop["position_index"].to_numpy() < query]
+    per_site = before.pivot_table(
+        index=["example", "position_index"], columns="site", values="p_restored"
+    )
+    for short in shorts[:-1]:
+        np.testing.assert_allclose(per_site[short], per_site[shorts[-1]], rtol=1e-5, atol=1e-7)
+    plan = plan_grid(model, batch, layers=last, sites=shorts, positions=["all"])
+    copied = {s.ref.short: len(s.copied) for s in plan.sites}
+    assert copied[shorts[-1]] == 0 and all(copied[short] > 0 for short in shorts[:-1])
 
 
 def test_a_mixer_that_cannot_resume_makes_the_grid_rerun_from_position_zero():
