@@ -7,7 +7,9 @@
 label, document); cells are stacked label-major, so cell i patches document example[i] at
 position positions[i]. What a plan prunes and reuses:
 - positions after the last query are never computed (`needed`);
-- a cell whose patch cannot reach its document's query is not run (`reaches_query`);
+- a cell whose patch cannot reach its document's query is not run (`reaches_query`: after
+  the query; in the last block, after the mixer but not at the query, or at a site of the
+  mixer's read-out, such as DeltaNet's queries, too far before it: `model.query_reach()`);
 - given the corrupted documents, a cell before its document's first corrupted token is not run
   either: the two documents agree there, so source and base activations (and states) agree and
   the patch is the identity (`before_corruption`); nor is a cell of a token-local site (one
@@ -75,17 +77,13 @@ def _bytes_per_row(model, length: int) -> int:
     return 4 * length * (32 * d + model.context_size(length)) + 8 * model.config.vocab_size
 
 
-# Sites after a block's mixer: from there on the block (residual add, MLP) and, after the last
-# block, the final norm and the head act on each position alone.
-AFTER_MIXER = frozenset({"mixer_output", "mlp_input", "mlp_output", "block_output"})
-
-
-def reaches_query(ref: SiteRef, positions: torch.Tensor, query: torch.Tensor, last_layer: int):
-    """Rows whose patch at `positions` can change the logits at their `query` (causality)."""
+def reaches_query(ref: SiteRef, positions: torch.Tensor, query: torch.Tensor, reach: dict):
+    """Rows whose patch at `positions` can change the logits at their `query` (causality;
+    `reach`: the model's `query_reach()`, sites whose patch reaches a few positions alone)."""
     if ref.short == "state":  # the state after p feeds positions p + 1 on
         return positions < query
-    if ref.layer == last_layer and ref.short in AFTER_MIXER:
-        return positions == query
+    if ref.name in reach:
+        return (positions <= query) & (positions > query - reach[ref.name])
     return positions <= query
 
 
@@ -215,7 +213,7 @@ def plan_grid(
     points = []
     if model.can_resume(0):
         points = _resume_points(model, all_positions, needed, n, memory_budget)
-    last_layer = len(model.layers) - 1
+    reach = model.query_reach()
     identity = local_identity = torch.zeros_like(all_positions, dtype=torch.bool)
     if corrupted is not None:
         corrupted = torch.as_tensor(corrupted, device=device)
@@ -225,7 +223,7 @@ def plan_grid(
     refs = select_sites(model, layers, sites)
     runs = {}  # site name -> the cells that change its query's logits
     for ref in refs:
-        reaches = reaches_query(ref, all_positions, query[example], last_layer)
+        reaches = reaches_query(ref, all_positions, query[example], reach)
         runs[ref.name] = reaches & ~(local_identity if ref.name in token_local else identity)
     alike = [name for name in model.query_alike_sites() if name in runs]
     before_query = all_positions < query[example]

@@ -63,6 +63,11 @@ class BaseConv(nn.Module):
         return self._site_names[0]
 
     @property
+    def readout_sites(self) -> dict[str, int]:
+        """See mecheval.layers.sites: the conv's output is gated at its own position."""
+        return {self._site_names[1]: 1}
+
+    @property
     def is_long(self) -> bool:
         return self.kernel_size == -1
 

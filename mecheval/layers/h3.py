@@ -86,6 +86,7 @@ class H3(nn.Module):
     # and of the diagonal SSM (B, P, H head_dim^2), both run as long convolutions.
     resumable = True
     local_sites = ("conv_input",)  # see mecheval.layers.sites: k_proj of one position
+    readout_sites = {"long_conv_output": 1}  # (see there) read out by q at its position
 
     def shift_kernel(self, length: int) -> torch.Tensor:
         """The shift SSM's convolution kernel, (min(length, N), d_model) float32:

@@ -63,6 +63,7 @@ class Hyena(nn.Module):
     resumable = True
     local_sites = ("conv_input",)  # see mecheval.layers.sites: in_proj of one position
     reach_site = "conv_input"  # (see there) the mixer's input is read by in_proj alone
+    readout_sites = {"long_conv_output": 1}  # (see there) gated by x2 at its position
 
     def forward(self, u: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
         """u: (B, L, d_model) -> (B, L, d_model)."""

@@ -22,6 +22,14 @@ class ShortConvQKV(nn.Module):
         """See mecheval.layers.sites: the convs' inputs are projections of one position."""
         return ("q_conv_input", "k_conv_input", "v_conv_input") if self.use_short_conv else ()
 
+    @property
+    def readout_sites(self) -> dict[str, int]:
+        """See mecheval.layers.sites: q reads the state out at its own position alone (through
+        its conv: at the conv's width of positions)."""
+        if not self.use_short_conv:
+            return {}
+        return {"q_conv_input": self.conv_size, "q_conv_output": 1}
+
     def _add_convs(self, conv_size: int, conv_bias: bool, qk_activation: str | None) -> None:
         """The three short convs (q and k with `qk_activation`, v with SiLU) and their sites."""
         self.q_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, qk_activation)

@@ -26,6 +26,11 @@ position reaches its output at other positions (the rest of its input acts at th
 only, e.g. Mamba's gate z). In the last block, at a position before the query, a patch of the
 block's input, of its mixer's input or of that site then changes the logits at the query
 alike: the grid runs one of them and copies its results to the others.
+
+A mixer lists in `readout_sites` (a dict, empty by default) the sites whose value at a position
+reaches its output at that position and the next n - 1 alone (n the entry), never its state:
+DeltaNet's queries. In the last block such a patch cannot reach a query n or more positions on,
+and the grid does not run it (`model.query_reach()`).
 """
 
 from __future__ import annotations

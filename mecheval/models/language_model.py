@@ -273,6 +273,18 @@ class LanguageModel(nn.Module):
         shorts = ["block_input", "mixer_input"] + ([reach] if reach else [])
         return [f"layers.{last}.{s}" for s in shorts if f"layers.{last}.{s}" in self._sites]
 
+    def query_reach(self) -> dict[str, int]:
+        """Sites of the last block whose value at a position reaches the logits at that
+        position and the next n - 1 alone (n the entry): those after its mixer (the block, the
+        final norm and the head then act on each position alone: 1) and its mixer's
+        `readout_sites` (see mecheval.layers.sites)."""
+        last = len(self.layers) - 1
+        after = ("mixer_output", "mlp_input", "mlp_output", "block_output")
+        reach = {short: 1 for short in after}
+        reach.update(getattr(self.layers[last].mixer, "readout_sites", {}))
+        names = {f"layers.{last}.{short}": n for short, n in reach.items()}
+        return {name: n for name, n in names.items() if name in self._sites}
+
     def site(self, name: str) -> Site | StateSite:
         """The module of a site (forward hooks on a `Site` see its (B, L, C) activation)."""
         self._check_names([name])

@@ -9,7 +9,6 @@ import torch
 
 from mecheval.interventions import grid as grid_module
 from mecheval.interventions import interchange_grid, per_cell_loop, plan_grid
-from mecheval.interventions.plan import AFTER_MIXER
 from mecheval.models import ARCHITECTURES, build_model
 from mecheval.tasks import make_task
 
@@ -75,9 +74,10 @@ def test_cells_before_the_corruption_are_not_run():
     for site, before_site in zip(plan.sites, before, strict=True):
         for cells in (site.live, site.copied):
             assert (plan.positions[cells] >= first[plan.example[cells]]).all()
-        # Only the query's cells run after the last mixer: none of them lies before the key.
-        after_last_mixer = site.ref.layer == 1 and site.ref.short in AFTER_MIXER
-        assert len(site.live) + len(site.copied) < before_site or after_last_mixer
+        # Only cells at or just before the query run at the sites that reach a few positions
+        # (after the last mixer, the last queries' convs): none of them lies before the key.
+        near_query = site.ref.name in model.query_reach()
+        assert len(site.live) + len(site.copied) < before_site or near_query
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -160,6 +160,45 @@ def test_query_alike_sites_restore_alike_before_the_query(arch):
     plan = plan_grid(model, batch, layers=last, sites=shorts, positions=["all"])
     copied = {s.ref.short: len(s.copied) for s in plan.sites}
     assert copied[shorts[-1]] == 0 and all(copied[short] > 0 for short in shorts[:-1])
+
+
+READOUT = {
+    "deltanet": {"q_conv_input": 4, "q_conv_output": 1},
+    "gated_deltanet": {"q_conv_input": 4, "q_conv_output": 1},
+    "h3": {"long_conv_output": 1},
+    "hyena": {"long_conv_output": 1},
+    "base_conv": {"long_conv_output": 1},  # layer 1 of base_conv: the long conv
+    "mamba": {},
+}
+
+
+@pytest.mark.parametrize("arch", list(READOUT))
+def test_readout_sites_reach_the_query_from_nearby_alone(arch):
+    """What `query_reach()` declares, checked by the per-cell loop: in the last block a patch
+    of such a site restores nothing at positions `reach` or more before the query, and the
+    plan does not run those cells."""
+    model, batch, corrupted = _setup(arch)
+    reach = model.query_reach()
+    last = len(model.layers) - 1
+    after = {"mixer_output", "block_output"} | ({"mlp_output"} if arch != "mamba" else set())
+    readout = READOUT[arch]
+    expected = {f"layers.{last}.{s}": 1 for s in after} | {
+        f"layers.{last}.{s}": n for s, n in readout.items()
+    }
+    assert {k: v for k, v in reach.items() if k in expected} == expected
+    shorts = [name.split(".", 2)[2] for name in reach]
+    loop = per_cell_loop(model, batch, corrupted, layers=last, sites=shorts, positions=["all"])
+    query = batch.positions["query"].numpy()[loop["example"].to_numpy()]
+    n = loop["site"].map(lambda short: reach[f"layers.{last}.{short}"]).to_numpy()
+    far = loop["position_index"].to_numpy() <= query - n
+    assert far.any()
+    np.testing.assert_allclose(
+        loop["p_restored"][far], loop["p_corrupted"][far], rtol=1e-5, atol=1e-7
+    )
+    plan = plan_grid(model, batch, layers=last, sites=shorts, positions=["all"])
+    for site in plan.sites:
+        gap = batch.positions["query"][plan.example[site.live]] - plan.positions[site.live]
+        assert (gap < reach[site.ref.name]).all(), site.ref.name
 
 
 def test_a_mixer_that_cannot_resume_makes_the_grid_rerun_from_position_zero():
