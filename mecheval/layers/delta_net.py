@@ -20,7 +20,7 @@ from torch import nn
 
 import kernels
 from mecheval.layers.qkv_convs import ShortConvQKV
-from mecheval.layers.resume import Resume
+from mecheval.layers.resume import Resume, pick
 from mecheval.layers.sites import StateSite
 
 QK_ACTIVATIONS = ("silu", "relu", "elu", "identity")
@@ -103,8 +103,16 @@ class DeltaNet(ShortConvQKV):
     # See mecheval.layers.resume; context: (q, k, v conv inputs, recurrent state).
     resumable = True
 
-    def forward(self, hidden_states: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
-        """hidden_states: (B, T, hidden_size) -> (B, T, hidden_size)."""
+    reads_out_at = True  # see mecheval.layers.resume: the output norm and o_proj run at `at`
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        resume: Resume | None = None,
+        at: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """hidden_states: (B, T, hidden_size) -> (B, T, hidden_size), or (B, 1, hidden_size) at
+        positions `at` (B,)."""
         batch, length, _ = hidden_states.shape
         context = (None,) * 4 if resume is None or resume.state is None else resume.state
         q, k, v, convs_out = self._qkv(
@@ -160,5 +168,5 @@ class DeltaNet(ShortConvQKV):
             resume.state = (*convs_out, final)
         # In float32: the kernel returns q's dtype (bf16 under autocast), the norm's weight is
         # float32, and a mixed-dtype RMSNorm falls off its fused path with a warning.
-        o = self.o_norm(o.float())
-        return self.o_proj(o.reshape(batch, length, self.value_dim))
+        o = self.o_norm(pick(o, at).float())
+        return self.o_proj(o.reshape(batch, o.shape[1], self.value_dim))

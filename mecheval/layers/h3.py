@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from mecheval.layers.long_conv import cached_taps, resumed_long_conv
-from mecheval.layers.resume import Resume
+from mecheval.layers.resume import Resume, pick
 from mecheval.layers.sites import Site
 
 
@@ -123,8 +123,12 @@ class H3(nn.Module):
         """The diagonal kernel per (head, i, j) channel, (length, H head_dim^2)."""
         return self.diagonal_kernel(length).repeat_interleave(self.head_dim**2, dim=1)
 
-    def forward(self, u: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
-        """u: (B, L, d_model) -> (B, L, d_model)."""
+    reads_out_at = True  # see mecheval.layers.resume
+
+    def forward(
+        self, u: torch.Tensor, resume: Resume | None = None, at: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """u: (B, L, d_model) -> (B, L, d_model), or (B, 1, d_model) at positions `at` (B,)."""
         B, L, d = u.shape
         H, P = self.num_heads, self.head_dim
         k_before, kv_before = (
@@ -138,11 +142,14 @@ class H3(nn.Module):
         k = self.conv_output(shifted + k * self.shift_D)
         kv = k.view(B, L, H, P, 1) * v.view(B, L, H, 1, P)  # (B, L, H, i, j)
         kv = self.long_conv_input(kv.reshape(B, L, H * P * P))
+        read = at if self.long_conv_output.idle else None  # else every position, then picked
         y, kv_inputs = resumed_long_conv(
-            kv, kv_before, lambda n: cached_taps(self, "diagonal", n, self._diagonal_taps)
+            kv, kv_before, lambda n: cached_taps(self, "diagonal", n, self._diagonal_taps), read
         )
         if resume is not None:
             resume.state = (k_inputs, kv_inputs)
+        kv, q = pick(kv, read), pick(q, read)
+        L = y.shape[1]
         y = y + kv * self.D.repeat_interleave(P * P)
         y = self.long_conv_output(y).view(B, L, H, P, P)
         # o[..., j] = sum_i q_i y[..., i, j], as P multiply-adds: a reduction over the short
@@ -151,7 +158,8 @@ class H3(nn.Module):
         o = q[..., 0, None] * y[..., 0, :]  # (B, L, H, j)
         for i in range(1, P):
             o = o + q[..., i, None] * y[..., i, :]
-        return self.output_linear(o.reshape(B, L, d))
+        out = self.output_linear(o.reshape(B, L, d))
+        return out if read is not None else pick(out, at)
 
     def context_size(self, sequence_length: int) -> int:
         """Floats a resumed segment starts from: both SSMs' past inputs."""

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from mecheval.layers.long_conv import ImplicitFilter, resumed_long_conv
-from mecheval.layers.resume import Resume
+from mecheval.layers.resume import Resume, pick
 from mecheval.layers.short_conv import ShortConvolution
 from mecheval.layers.sites import Site
 
@@ -65,8 +65,12 @@ class Hyena(nn.Module):
     reach_site = "conv_input"  # (see there) the mixer's input is read by in_proj alone
     readout_sites = {"long_conv_output": 1}  # (see there) gated by x2 at its position
 
-    def forward(self, u: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
-        """u: (B, L, d_model) -> (B, L, d_model)."""
+    reads_out_at = True  # see mecheval.layers.resume
+
+    def forward(
+        self, u: torch.Tensor, resume: Resume | None = None, at: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """u: (B, L, d_model) -> (B, L, d_model), or (B, 1, d_model) at positions `at` (B,)."""
         d = self.d_model
         window, before = (None, None) if resume is None or resume.state is None else resume.state
         p = self.conv_input(self.in_proj(u))
@@ -74,11 +78,14 @@ class Hyena(nn.Module):
         p = self.conv_output(p)
         x1, x2, v = p.split(d, dim=-1)
         v = self.long_conv_input(v * x1)
-        y, inputs = resumed_long_conv(v, before, self.filter_fn)
+        read = at if self.long_conv_output.idle else None  # else every position, then picked
+        y, inputs = resumed_long_conv(v, before, self.filter_fn, read)
         if resume is not None:
             resume.state = (window, inputs)
+        v, x2 = pick(v, read), pick(x2, read)
         v = self.long_conv_output(y + v * self.D if self.use_skip else y)
-        return self.out_proj(v * x2)
+        out = self.out_proj(v * x2)
+        return out if read is not None else pick(out, at)
 
     def state_size(self, sequence_length: int) -> int:
         """Floats carried between tokens: every past input of the long convolution and the

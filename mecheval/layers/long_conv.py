@@ -66,6 +66,22 @@ def long_causal_conv(u: torch.Tensor, k: torch.Tensor, last: int | None = None) 
     return torch.fft.irfft(u_f * k_f, n=n, dim=1)[:, first:L].to(dtype)
 
 
+def long_causal_conv_at(u: torch.Tensor, k: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """long_causal_conv(u, k)[b, at[b]] for each row b alone, (B, 1, C) in u's dtype: one
+    product of the row's inputs with the taps reversed from its position, O(L C) per row."""
+    batch, L, channels = u.shape
+    compute = torch.float64 if u.dtype == torch.float64 else torch.float32
+    k = k[:L].to(compute)
+    if k.shape[0] < L:
+        k = torch.cat([k, k.new_zeros(L - k.shape[0], k.shape[1])])
+    at = at.to(u.device)
+    if bool((at == at[0]).all()):  # one position for every row (a grid's query): shared taps
+        at = at[:1]
+    lag = at[:, None] - torch.arange(L, device=u.device)  # (B or 1, L): t - s
+    reversed_taps = k[lag.clamp(min=0)].masked_fill_((lag < 0)[..., None], 0.0)
+    return torch.linalg.vecdot(reversed_taps, u.to(compute), dim=1)[:, None].to(u.dtype)
+
+
 def cached_taps(module: nn.Module, name: str, length: int, compute) -> torch.Tensor:
     """compute(length), the taps of a filter given by `module`'s parameters, memoised while
     no gradient is recorded: an interchange grid runs the same filter hundreds of times. The
@@ -87,13 +103,19 @@ def cached_taps(module: nn.Module, name: str, length: int, compute) -> torch.Ten
     return taps
 
 
-def resumed_long_conv(u: torch.Tensor, before: torch.Tensor | None, filter_fn) -> tuple:
+def resumed_long_conv(
+    u: torch.Tensor, before: torch.Tensor | None, filter_fn, at: torch.Tensor | None = None
+) -> tuple:
     """A long convolution of inputs that follow `before` (B, P, C; None: the sequence starts
-    at u): (the outputs at u's positions (B, L, C), every input so far (B, P + L, C), the
-    context for the next segment). `filter_fn(length)` gives the filter's taps. The
-    convolution runs over the whole sequence so far, so its outputs are one run's."""
+    at u): (the outputs at u's positions (B, L, C), or at positions `at` (B,) of u alone
+    (B, 1, C); every input so far (B, P + L, C), the context for the next segment).
+    `filter_fn(length)` gives the filter's taps. The convolution runs over the whole
+    sequence so far, so its outputs are one run's."""
     full = u if before is None else torch.cat([before.to(u.dtype), u], dim=1)
-    return long_causal_conv(full, filter_fn(full.shape[1]), last=u.shape[1]), full
+    taps = filter_fn(full.shape[1])
+    if at is not None:
+        return long_causal_conv_at(full, taps, at + (full.shape[1] - u.shape[1])), full
+    return long_causal_conv(full, taps, last=u.shape[1]), full
 
 
 def positional_encoding(l_max: int, emb_dim: int = 3) -> torch.Tensor:

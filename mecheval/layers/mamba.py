@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
-from mecheval.layers.resume import Resume
+from mecheval.layers.resume import Resume, pick
 from mecheval.layers.sites import Site, StateSite
 
 
@@ -143,8 +143,16 @@ class Mamba(nn.Module):
         gates its own position)."""
         return "conv_input" if self.use_conv else None
 
-    def forward(self, hidden_states: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
-        """hidden_states: (B, L, d_model) -> (B, L, d_model)."""
+    reads_out_at = True  # see mecheval.layers.resume: out_proj runs at `at` alone
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        resume: Resume | None = None,
+        at: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """hidden_states: (B, L, d_model) -> (B, L, d_model), or (B, 1, d_model) at positions
+        `at` (B,)."""
         batch, length, _ = hidden_states.shape
         conv_in, ssm_in = (None, None) if resume is None or resume.state is None else resume.state
         conv_out = None
@@ -215,7 +223,7 @@ class Mamba(nn.Module):
             )
         if resume is not None:
             resume.state = (conv_out, ssm_out)
-        return self.out_proj(y.transpose(1, 2))
+        return self.out_proj(pick(y.transpose(1, 2), at))
 
     def state_size(self, sequence_length: int) -> int:
         """Floats carried between tokens: the SSM state d_inner * d_state plus the conv's

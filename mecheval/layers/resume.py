@@ -14,6 +14,13 @@ mixer needs: the short convolutions' last inputs and the recurrent state for Mam
 DeltaNet, the keys and values so far for attention and Based's linear attention, and every past
 input of a long convolution (BaseConv, Hyena, H3's two SSMs, run as long convolutions), which
 the resumed segment convolves again with its own inputs appended.
+
+A mixer may also read its output out at one position per row alone (class attribute
+`reads_out_at = True`): `forward(x, resume=None, at=None)` with `at` (B,) returns (B, 1, C),
+the output at those positions, and still leaves the whole context. The last block of a model
+asks for it when only the query's logits are wanted (and nobody looks at the mixer's output);
+a long convolution then forms one output per row instead of every one. A mixer whose sites
+after its sequence mixing are looked at computes every position and picks (`pick`).
 """
 
 from __future__ import annotations
@@ -35,3 +42,11 @@ def context_rows(context: tuple | None, rows: torch.Tensor) -> tuple | None:
     if context is None:
         return None
     return tuple(None if t is None else t[rows] for t in context)
+
+
+def pick(x: torch.Tensor, at: torch.Tensor | None) -> torch.Tensor:
+    """x (B, L, C) at one position per row, (B, 1, C); x itself for `at` None."""
+    if at is None:
+        return x
+    rows = torch.arange(x.shape[0], device=x.device)
+    return x[rows, at.to(x.device)][:, None]

@@ -110,6 +110,11 @@ class Site(nn.Module):
     def extra_repr(self) -> str:
         return repr(self.name)
 
+    @property
+    def idle(self) -> bool:
+        """No intervention plan and no hooks: nobody looks at this site's activation."""
+        return self.plan is None and not self._forward_hooks and not self._forward_pre_hooks
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, L, C). Returns x, or x patched as the active plan says."""
         plan = self.plan

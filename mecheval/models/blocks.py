@@ -31,7 +31,7 @@ from mecheval.layers import (
     Mamba2,
     Site,
 )
-from mecheval.layers.resume import Resume
+from mecheval.layers.resume import Resume, pick
 from mecheval.models.config import ModelConfig
 
 # Architectures built of Mamba blocks (a mixer, no MLP), initialised with mamba-ssm's scheme.
@@ -73,8 +73,7 @@ class TransformerBlock(nn.Module):
         `after_mixer_idle`)."""
         residual = self.block_input(residual)
         h = self.mixer_input(self.norm1(residual))
-        h = self.mixer_output(self.mixer(h, resume=resume))
-        residual = _at(residual + h, keep)
+        residual = _mix(self, residual, h, resume, keep)
         h = self.mlp_output(self.mlp(self.mlp_input(self.norm2(residual))))
         return self.block_output(residual + h)
 
@@ -110,25 +109,28 @@ class MambaBlock(nn.Module):
         """residual: (B, L, d_model) -> (B, L, d_model); `resume`, `keep` as in
         TransformerBlock."""
         residual = self.block_input(residual)
-        h = self.mixer_output(self.mixer(self.mixer_input(self.norm(residual)), resume=resume))
-        return self.block_output(_at(residual + h, keep))
+        h = self.mixer_input(self.norm(residual))
+        return self.block_output(_mix(self, residual, h, resume, keep))
 
     def after_mixer_idle(self) -> bool:
         """Whether no plan or hook looks at the block's output."""
         return not self._forward_hooks and _idle(self.block_output)
 
 
-def _at(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """x (B, L, C) at one position per row, (B, 1, C); x itself for keep None."""
-    if keep is None:
-        return x
-    rows = torch.arange(x.shape[0], device=x.device)
-    return x[rows, keep.to(x.device)][:, None]
+def _mix(block, residual, h, resume: Resume | None, keep: torch.Tensor | None) -> torch.Tensor:
+    """residual + the mixer's output on h, at `keep` alone (see the blocks' forward); a mixer
+    that reads out at positions (mecheval.layers.resume) is asked for those alone, while
+    nobody looks at its output."""
+    mixer = block.mixer
+    reads_out = getattr(mixer, "reads_out_at", False) and not mixer._forward_hooks
+    if keep is not None and reads_out and block.mixer_output.idle:
+        return pick(residual, keep) + block.mixer_output(mixer(h, resume=resume, at=keep))
+    return pick(residual + block.mixer_output(mixer(h, resume=resume)), keep)
 
 
 def _idle(*sites: Site) -> bool:
     """No intervention plan and no hooks on these sites: nobody looks at their activations."""
-    return all(s.plan is None and not s._forward_hooks and not s._forward_pre_hooks for s in sites)
+    return all(s.idle for s in sites)
 
 
 def build_mixer(config: ModelConfig, layer_idx: int) -> nn.Module:
