@@ -19,8 +19,9 @@ they are chunked; `interchange_grid` runs that plan. How it is fast, and still e
   the identity: before its document's first corrupted token (the documents agree there), or at
   a token-local site of the first block where both documents hold the same token;
 - a patch of a block's output restarts at the next block, which reads exactly that tensor;
-- in the last block, before the query, cells of sites that change the query alike (the
-  block's input, the mixer's input, the mixer's `reach_site`) run once, at one of them;
+- cells that equal a later site's copy its results: a block's output is the next block's
+  input, and in the last block, before the query, the block's input, the mixer's input and
+  the mixer's `reach_site` change the query alike;
 - when every mixer from the restart layer on is resumable (every mixer of the zoo: see
   mecheval.layers.resume), a cell also restarts near its position: cells are bucketed by
   position, and a bucket starting at s runs only positions s.. from the base run's mixer
@@ -327,7 +328,8 @@ def _run(model, plan: GridPlan, batch: Batch, base_tokens: torch.Tensor, progres
                 restored[cells], logit[cells], kl[cells] = p, lg, k
         outputs.append((ref, restored, logit, kl))
     results = {out[0].name: out[1:] for out in outputs}
-    for site, (_, *mine) in zip(plan.sites, outputs, strict=True):
+    # A site copies from a later one, which may copy from one later still: last first.
+    for site, (_, *mine) in reversed(list(zip(plan.sites, outputs, strict=True))):
         if site.copy_from is not None:
             for column, theirs in zip(mine, results[site.copy_from], strict=True):
                 column[site.copied] = theirs[site.copied]

@@ -16,9 +16,10 @@ position positions[i]. What a plan prunes and reuses:
   whose value at a position depends on the token there alone: the first block's input, its
   normalised input, its mixer's input projections; `model.token_local_sites()`) at a position
   where the two documents hold the same token (`same_token`);
-- in the last block, before the query, the block's input, its normalised input and its
-  mixer's `reach_site` change the query's logits alike (`model.query_alike_sites()`): those
-  cells run at the last of them the grid holds and the others copy their results (`copied`);
+- cells of one site that equal those of a later one copy their results (`copied`): a block's
+  output is the next block's input; in the last block, before the query, the block's input,
+  its normalised input and its mixer's `reach_site` change the query's logits alike
+  (`model.query_alike_sites()`), and the last of them the grid holds runs;
 - a cell restarts at its site's block (the next one for block_output), and, when every mixer
   from there on resumes (mecheval.layers.resume), at the resume point at or before its
   position (`points`), from the base run's contexts there;
@@ -230,9 +231,13 @@ def plan_grid(
     plans = []
     for ref in refs:
         copied, copy_from = torch.zeros_like(before_query), None
+        next_input = f"layers.{ref.layer + 1}.block_input"
         if ref.name in alike[:-1]:
             copy_from = alike[-1]
             copied = runs[ref.name] & runs[copy_from] & before_query
+        elif ref.short == "block_output" and next_input in runs:  # the same tensor
+            copy_from = next_input
+            copied = runs[ref.name] & runs[copy_from]
         live = (runs[ref.name] & ~copied).nonzero()[:, 0]
         starts = torch.zeros_like(live)
         if points:
