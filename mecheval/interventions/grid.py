@@ -48,7 +48,14 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from mecheval.interventions.plan import GridPlan, check_batch, plan_grid, select_sites
+from mecheval.interventions.plan import (
+    AFTER_MIXER,
+    AFTER_MLP_INPUT,
+    GridPlan,
+    check_batch,
+    plan_grid,
+    select_sites,
+)
 from mecheval.layers.resume import context_rows
 from mecheval.tasks import Batch
 
@@ -284,16 +291,13 @@ def _run(model, plan: GridPlan, batch: Batch, base_tokens: torch.Tensor, progres
     query, answers = batch.positions["query"], batch.answers
     example, positions = plan.example, plan.positions
     source, clean = _sources(model, plan, batch)
-    # Where each site's cells restart, and the base's residual stream entering there.
-    restart = sorted({s.ref.layer for s in plan.sites if s.ref.short != "block_output"})
-    after = sorted({s.ref.layer for s in plan.sites if s.ref.short == "block_output"})
-    reads = {f"layers.{i}.block_input": None for i in restart}
-    reads.update({f"layers.{i}.block_output": None for i in after})
-    corrupt_hidden, record, at_point = _base_run(
-        model, model.embed(base_tokens), query, reads, plan
-    )
-    base_inputs = {(i, False): record[f"layers.{i}.block_input"] for i in restart}
-    base_inputs.update({(i, True): record[f"layers.{i}.block_output"] for i in after})
+    # The base's residual stream entering each block a site's cells restart at (the next
+    # one for the sites after a mixer), and what a one-position run of a block needs.
+    shorts = {(s.ref.layer, s.ref.short) for s in plan.sites}
+    reads = {f"layers.{i}.block_input": None for i, short in shorts if short != "block_output"}
+    reads.update({f"layers.{i}.block_output": None for i, sh in shorts if sh in AFTER_MIXER})
+    reads.update({f"layers.{i}.mixer_output": None for i, sh in shorts if sh in AFTER_MLP_INPUT})
+    corrupt_hidden, base, at_point = _base_run(model, model.embed(base_tokens), query, reads, plan)
 
     metrics = Metrics.of(model, clean)
     p_original = metrics(clean, answers, None)[0]
@@ -306,8 +310,10 @@ def _run(model, plan: GridPlan, batch: Batch, base_tokens: torch.Tensor, progres
             values = values[example, positions]  # (P n, C), stacked like the cells
         # Cells that do not run keep the corrupted run's results.
         restored, logit, kl = (m[example].clone() for m in corrupt)
-        is_output = ref.short == "block_output"
-        residual = base_inputs[(ref.layer, is_output)]
+        is_output = ref.short in AFTER_MIXER  # restarts at the next block, on its output
+        if ref.short != "block_output" and is_output and len(site.live):
+            values = _block_outputs(model, ref, values, site.live, plan, base)
+        residual = base[f"layers.{ref.layer}.{'block_output' if is_output else 'block_input'}"]
         for start in site.starts.unique().tolist():
             bucket = site.live[site.starts == start]
             for first in range(0, len(bucket), plan.chunk):
@@ -334,6 +340,27 @@ def _run(model, plan: GridPlan, batch: Batch, base_tokens: torch.Tensor, progres
             for column, theirs in zip(mine, results[site.copy_from], strict=True):
                 column[site.copied] = theirs[site.copied]
     return outputs, p_original, corrupt[0]
+
+
+def _block_outputs(model, ref, values: torch.Tensor, cells: torch.Tensor, plan, base: dict):
+    """(P n, d_model): at `cells`, the output of block ref.layer at the cell's position when
+    the site after the block's mixer is patched there with `values`. After its mixer a block
+    acts on each position alone, so a one-position run of it from the base's input there, its
+    mixer's output set to the base's (the site's patch on top), gives that output; the patched
+    run then restarts at the next block, as a block output's patch does."""
+    layer, rows, at = ref.layer, plan.example[cells], plan.positions[cells]
+    zero = torch.zeros_like(at)
+    patches = {ref.name: (zero, values[cells])}
+    if ref.short in AFTER_MLP_INPUT:
+        mixer_output = base[f"layers.{layer}.mixer_output"][rows, at]
+        patches[f"layers.{layer}.mixer_output"] = (zero, mixer_output)
+    x = base[f"layers.{layer}.block_input"][rows, at][:, None]
+    output = f"layers.{layer}.block_output"
+    with model.intervene(patches=patches, reads={output: zero}) as record:
+        model.forward_from(layer, x, head=False)
+    outputs = x.new_zeros(len(plan.positions), x.shape[-1])
+    outputs[cells] = record[output]
+    return outputs
 
 
 def _frame(outputs, plan: GridPlan, p_original, p_corrupted) -> pd.DataFrame:

@@ -78,6 +78,12 @@ def _bytes_per_row(model, length: int) -> int:
     return 4 * length * (32 * d + model.context_size(length)) + 8 * model.config.vocab_size
 
 
+# A block's sites after its mixer, from which on it acts on each position alone: their cells
+# restart at the next block (from the block's output at the cell's position, see the grid).
+AFTER_MIXER = ("mixer_output", "mlp_input", "mlp_output", "block_output")
+AFTER_MLP_INPUT = ("mlp_input", "mlp_output")  # (their block's output also needs its mixer's)
+
+
 def reaches_query(ref: SiteRef, positions: torch.Tensor, query: torch.Tensor, reach: dict):
     """Rows whose patch at `positions` can change the logits at their `query` (causality;
     `reach`: the model's `query_reach()`, sites whose patch reaches a few positions alone)."""
@@ -243,7 +249,7 @@ def plan_grid(
         if points:
             table = torch.tensor(points, device=device)
             starts = table[torch.searchsorted(table, all_positions[live], right=True) - 1]
-        first = ref.layer + 1 if ref.short == "block_output" else ref.layer
+        first = ref.layer + 1 if ref.short in AFTER_MIXER else ref.layer
         plans.append(SiteCells(ref, first, live, starts, copied.nonzero()[:, 0], copy_from))
     chunk = max(1, memory_budget // _bytes_per_row(model, length))
     return GridPlan(labels, all_positions, example, needed, points, chunk, plans, memory_budget)
