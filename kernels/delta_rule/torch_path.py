@@ -98,8 +98,12 @@ def forward(args: DeltaArgs) -> tuple[torch.Tensor, ...]:
     state = h.new_zeros(h.shape[1:]) if initial_state is None else initial_state.to(h.dtype)
     for c in range(h.shape[0]):
         h[c] = state
-        torch.sub(w_v[c], w_k[c] @ state, out=u[c])
-        state = state + kc[c].transpose(-1, -2) @ u[c]
+        if c == 0 and initial_state is None:  # a zero state: nothing to subtract
+            u[c] = w_v[c]
+        else:
+            torch.sub(w_v[c], w_k[c] @ state, out=u[c])
+        if c + 1 < h.shape[0] or args.output_final_state:  # the last write only for them
+            state = state + kc[c].transpose(-1, -2) @ u[c]
     o = qc @ h + (qc @ kc.transpose(-1, -2)).tril() @ u  # (n, B, H, C, V)
     o = _from_chunks(o, T).to(q.dtype).contiguous()
     return o, (state if args.output_final_state else None), u, h, a

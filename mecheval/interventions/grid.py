@@ -40,7 +40,7 @@ rounding; the tests check every cell.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -86,7 +86,14 @@ def hidden_at(
     position 0)."""
     if contexts is None:
         return model.forward_from(layer, residual, positions=query, head="hidden")
-    return model.resume_from(layer, residual, contexts, positions=query, head="hidden")[0]
+    return model.resume_from(
+        layer, residual, contexts, positions=query, head="hidden", leave=False
+    )[0]
+
+
+# Rows whose logits are formed at a time: (256, V) stays in cache through the log-sum-exp's
+# passes (20% faster on CPU than 1280 rows at once at the study's vocabulary).
+METRIC_ROWS = 256
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,9 @@ class Metrics:
     weight2: torch.Tensor
     probs_head: torch.Tensor
     neg_entropy: torch.Tensor
+    # The logits of every block of rows are written into one buffer: a fresh one per call
+    # costs page faults on CPU.
+    _buffer: list = field(default_factory=list, repr=False)
 
     @staticmethod
     def of(model, clean_hidden: torch.Tensor) -> Metrics:
@@ -117,15 +127,24 @@ class Metrics:
         one log-sum-exp and one product over d_model per row, not a log-softmax.
         """
         hidden = hidden.float()
-        logits2 = F.linear(hidden, self.weight2)  # log2(e) times the logits
-        top = logits2.amax(-1, keepdim=True)
-        lse2 = top[:, 0] + torch.sub(logits2, top).exp2_().sum(-1).log2()
-        logit2 = logits2.gather(1, answers[:, None])[:, 0]
+        lse2, logit2 = hidden.new_empty(len(hidden)), hidden.new_empty(len(hidden))
+        for first in range(0, len(hidden), METRIC_ROWS):
+            block = slice(first, first + METRIC_ROWS)
+            part = hidden[block]
+            logits2 = torch.mm(part, self.weight2.t(), out=self._logits(len(part)))
+            top = logits2.amax(-1, keepdim=True)  # (log2(e) times the logits)
+            logit2[block] = logits2.gather(1, answers[block, None])[:, 0]
+            lse2[block] = top[:, 0] + logits2.sub_(top).exp2_().sum(-1).log2()
         probs_head = self.probs_head if rows is None else self.probs_head[rows]
         neg_entropy = self.neg_entropy if rows is None else self.neg_entropy[rows]
         dot = torch.linalg.vecdot(probs_head, hidden)
         kl = (neg_entropy - dot + lse2 * _LN2).clamp_min(0.0)
         return torch.exp2(logit2 - lse2), logit2 * _LN2, kl
+
+    def _logits(self, rows: int) -> torch.Tensor:
+        if not self._buffer or len(self._buffer[0]) < rows:
+            self._buffer[:] = [self.weight2.new_empty(rows, len(self.weight2))]
+        return self._buffer[0][:rows]
 
 
 def _base_run(model, embedded: torch.Tensor, query: torch.Tensor, reads: dict, plan: GridPlan):

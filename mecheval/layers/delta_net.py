@@ -139,7 +139,7 @@ class DeltaNet(ShortConvQKV):
                 v,
                 beta,
                 initial_state=initial_state,
-                output_final_state=True,
+                output_final_state=resume is None or resume.leave,
                 use_qk_l2norm_in_kernel=l2,
                 states_at=at,
             ) + ((None,) if at is None else ())

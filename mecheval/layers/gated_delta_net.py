@@ -157,7 +157,7 @@ class GatedDeltaNet(ShortConvQKV):
                 g,
                 beta,
                 initial_state=initial_state,
-                output_final_state=True,
+                output_final_state=resume is None or resume.leave,
                 use_qk_l2norm_in_kernel=True,
                 states_at=at,
             ) + ((None,) if at is None else ())

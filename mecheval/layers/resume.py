@@ -32,9 +32,12 @@ import torch
 
 @dataclass
 class Resume:
-    """A mixer's context: in, the one to continue from; out, the one it leaves."""
+    """A mixer's context: in, the one to continue from; out, the one it leaves. `leave` False:
+    the caller needs no context back, and a mixer may skip forming the costly parts of it
+    (DeltaNet's state), leaving None there."""
 
     state: tuple[torch.Tensor | None, ...] | None = None
+    leave: bool = True
 
 
 def context_rows(context: tuple | None, rows: torch.Tensor) -> tuple | None:

@@ -264,7 +264,8 @@ class StateSite(nn.Module):
             read_at = at[:, 1:].to(states.device) if plan.read else None
             d_y, d_last, d_reads = carry(jump, after, read_at)
             y = y + _time_mask(after, y, time_dim) * d_y.to(y.dtype)
-            last = last + d_last.to(last.dtype)
+            if last is not None:  # (None: the caller wants no state after the last position)
+                last = last + d_last.to(last.dtype)
             if plan.read:  # from p on, the states carry the jump
                 reached = read_at >= patch_pos[:, None]
                 reached = reached.view(*reached.shape, *(1,) * (jump.dim() - 1))

@@ -173,6 +173,7 @@ class LanguageModel(nn.Module):
         contexts: list[tuple | None] | None = None,
         positions: torch.Tensor | None = None,
         head: bool | str = True,
+        leave: bool = True,
     ) -> tuple[torch.Tensor | None, list[tuple]]:
         """Run positions that follow others (the contract between models and the intervention
         engine; mecheval.layers.resume).
@@ -182,6 +183,9 @@ class LanguageModel(nn.Module):
                 positions after those the contexts cover.
             contexts: per block run, the context its mixer left after the earlier positions
                 (None, or a None entry: the sequence starts here).
+            leave: False when the contexts after these positions are not wanted (a patched
+                run's): mixers may then skip forming them, and the list returned may hold
+                None in their place.
 
         Returns:
             (logits, the contexts after these positions, one per block run). Every mixer of
@@ -192,7 +196,7 @@ class LanguageModel(nn.Module):
             raise ValueError("a mixer from this layer on cannot resume a sequence")
         blocks = self.layers[layer_index:]
         given = contexts if contexts is not None else [None] * len(blocks)
-        resumes = [Resume(c) for c in given]
+        resumes = [Resume(c, leave) for c in given]
         logits = self.forward_from(layer_index, residual, positions, resumes, head)
         return logits, [r.state for r in resumes]
 
