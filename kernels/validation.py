@@ -113,22 +113,27 @@ def check_range(op: str, name: str, value: int, low: int, high: int) -> None:
 
 
 def check_positions(
-    op: str, positions: object, batch: int, length: int, device: torch.device
+    op: str,
+    positions: object,
+    batch: int,
+    length: int,
+    device: torch.device,
+    name: str = "states_at",
 ) -> torch.Tensor:
-    """`states_at`: a (B, P) integer tensor of positions in [0, length), returned on `device`
-    as int64."""
+    """`states_at` (or `name`): a (B, P) integer tensor of positions in [0, length), returned
+    on `device` as int64."""
     bad_type = not isinstance(positions, torch.Tensor) or (
         positions.dtype == torch.bool or positions.dtype.is_floating_point
     )
     if bad_type or positions.dim() != 2 or positions.shape[0] != batch:
         raise ValueError(
-            f"{op}: states_at must be a (B, P) = ({batch}, P) integer tensor of positions, "
+            f"{op}: {name} must be a (B, P) = ({batch}, P) integer tensor of positions, "
             f"got {getattr(positions, 'dtype', type(positions).__name__)} of shape "
             f"{tuple(getattr(positions, 'shape', ()))}"
         )
     if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= length):
         raise ValueError(
-            f"{op}: states_at must lie in [0, {length - 1}], got values in "
+            f"{op}: {name} must lie in [0, {length - 1}], got values in "
             f"[{int(positions.min())}, {int(positions.max())}]"
         )
     return positions.to(device=device, dtype=torch.long)

@@ -131,6 +131,7 @@ def selective_scan_fn(
     initial_state: torch.Tensor | None = None,
     *,
     states_at: torch.Tensor | None = None,
+    out_at: torch.Tensor | None = None,
     backend: str | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """Mamba's selective scan, drop-in for mamba_ssm's `selective_scan_fn`.
@@ -159,11 +160,16 @@ def selective_scan_fn(
             `torch.arange(L).expand(B, L)`), for reading or patching states at many positions.
             Without gradients it runs the PyTorch path, on any device (the Triton kernels keep
             the state on chip); when a gradient is needed, one call per position (slow, exact).
+        out_at: (ours) optional (B,) integer positions: out is then (B, D, 1), the output at
+            out_at[b] of each row b alone (a model's last layer, read out at the query).
+            Without gradients the PyTorch path forms only those outputs (every state still
+            runs); otherwise the whole output is computed and picked. Not with `states_at`.
         backend: "auto", "triton" or "torch"; None uses the process default (kernels.backend).
 
     Returns:
-        out (B, D, L) in u's dtype and memory layout, then last_state (B, D, N) float32 if
-        `return_last_state`, then the states (B, P, D, N) float32 if `states_at` is given.
+        out (B, D, L) in u's dtype and memory layout ((B, D, 1) with `out_at`), then
+        last_state (B, D, N) float32 if `return_last_state`, then the states (B, P, D, N)
+        float32 if `states_at` is given.
     """
     tensors = dict(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias)
     chosen = OP.check(backend, **tensors, initial_state=initial_state, softplus=delta_softplus)
@@ -173,6 +179,8 @@ def selective_scan_fn(
         softplus=bool(delta_softplus),
         save_checkpoints=False,
     )
+    if out_at is not None:
+        return _out_at(a, out_at, return_last_state, states_at, chosen)
     if states_at is not None:
         at = check_positions(OP.public, states_at, u.shape[0], u.shape[-1], u.device)
         if needs_grad(a):
@@ -186,6 +194,29 @@ def selective_scan_fn(
     if not return_last_state:
         return out
     return out, last_state
+
+
+def _out_at(a: ScanArgs, out_at, return_last_state: bool, states_at, backend: str) -> tuple:
+    if states_at is not None:
+        raise ValueError(f"{OP.public}: out_at and states_at cannot be given together")
+    batch = a.u.shape[0]
+    integer = isinstance(out_at, torch.Tensor) and not (
+        out_at.dtype == torch.bool or out_at.dtype.is_floating_point
+    )
+    if not integer or out_at.dim() != 1 or out_at.shape[0] != batch:
+        raise ValueError(
+            f"{OP.public}: out_at must be a (B,) = ({batch},) integer tensor of positions, got "
+            f"{getattr(out_at, 'dtype', type(out_at).__name__)} of shape "
+            f"{tuple(getattr(out_at, 'shape', ()))}"
+        )
+    at = check_positions(OP.public, out_at[:, None], batch, a.u.shape[-1], a.u.device, "out_at")
+    at = at[:, 0]
+    if a.u.device.type == "cpu" and backend == "torch" and not needs_grad(a):
+        out, last_state = OP.implementation("torch").forward_out_at(a, at)
+    else:
+        out, last_state, _ = OP(a._replace(save_checkpoints=needs_grad(a)), backend)
+        out = out[torch.arange(batch, device=at.device), :, at][..., None]
+    return (out, last_state) if return_last_state else out
 
 
 def _states_by_steps(a: ScanArgs, backend: str) -> tuple:

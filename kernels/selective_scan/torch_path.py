@@ -205,12 +205,20 @@ def forward_states_at(a: ScanArgs, at: torch.Tensor) -> tuple[torch.Tensor, ...]
     return out, last_state, states
 
 
-def _forward(a: ScanArgs, at: torch.Tensor | None):
+def forward_out_at(a: ScanArgs, out_at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (B, D, 1) at positions out_at (B,) of each row alone, last_state), without
+    gradients: the contraction over N, the skip and the gate run at those positions only."""
+    out, last_state, _, _ = _forward(a._replace(save_checkpoints=False), None, out_at)
+    return out, last_state
+
+
+def _forward(a: ScanArgs, at: torch.Tensor | None, out_at: torch.Tensor | None = None):
     batch, channels, length = a.u.shape
     N = a.A.shape[1]
     T = chunk_length(batch, channels, N, length)
+    pick = lambda x, rows: None if x is None else x[rows]  # noqa: E731
     parts = [
-        _forward_rows(_rows_of(a, rows), T, None if at is None else at[rows])
+        _forward_rows(_rows_of(a, rows), T, pick(at, rows), pick(out_at, rows))
         for rows in _tiles(batch, channels, N, length)
     ]
     if len(parts) == 1:
@@ -220,6 +228,8 @@ def _forward(a: ScanArgs, at: torch.Tensor | None):
         last_state = torch.cat([p[1] for p in parts])
         checkpoints = torch.cat([p[2] for p in parts], dim=1)
         states = None if at is None else torch.cat([p[3] for p in parts])
+    if out_at is not None:  # (B, D, 1): no layout of u to match
+        return out.to(a.u.dtype), last_state, checkpoints, states
     return match_layout(out, a.u, a.u.dtype), last_state, checkpoints, states
 
 
@@ -246,9 +256,12 @@ def _chunked(a: ScanArgs, compute: torch.dtype) -> _Chunked:
     return _Chunked(dt, pre, u, _time_major(dt), _time_major(u), a.A.to(compute), B_t, C_t)
 
 
-def _forward_rows(args: ScanArgs, T: int, at: torch.Tensor | None = None):
+def _forward_rows(
+    args: ScanArgs, T: int, at: torch.Tensor | None = None, out_at: torch.Tensor | None = None
+):
     """`forward` for one tile of rows, in chunks of T positions; out in the compute dtype.
-    `at`: (rows, P) positions whose states to return as a fourth output (else None)."""
+    `at`: (rows, P) positions whose states to return as a fourth output (else None);
+    `out_at`: (rows,) the one position of each row whose output to form (out (rows, D, 1))."""
     compute = compute_dtype(args.u)
     u, B, C, D, z, save = args.u, args.B, args.C, args.D, args.z, args.save_checkpoints
     batch, channels, length = u.shape
@@ -262,7 +275,7 @@ def _forward_rows(args: ScanArgs, T: int, at: torch.Tensor | None = None):
     state = u.new_zeros(batch, channels, N, dtype=compute)  # entering the current chunk
     if args.initial_state is not None:
         state.copy_(args.initial_state)
-    y = u.new_empty(length, batch, channels, dtype=compute)
+    y = u.new_empty(1 if out_at is not None else length, batch, channels, dtype=compute)
     a_buf, h_buf = _chunk_buffers(2, T, u, N, compute)
     picked = None if at is None else u.new_empty(*at.shape, channels, N, dtype=compute)
     for c in range(n_chunks):
@@ -271,13 +284,28 @@ def _forward_rows(args: ScanArgs, T: int, at: torch.Tensor | None = None):
         if save:
             checkpoints[c].copy_(state)
         _scan_chunk(dt_t[t0:t1], u_t[t0:t1], A_log2, _chunk(B_c, t0, t1), B, state, a, hs)
-        y[t0:t1] = _inner(hs, _chunk(C_c, t0, t1), C, scratch=a)  # a is done with
+        if out_at is None:
+            y[t0:t1] = _inner(hs, _chunk(C_c, t0, t1), C, scratch=a)  # a is done with
+        else:  # the rows whose output position lies in this chunk
+            rows = ((out_at >= t0) & (out_at < t1)).nonzero()[:, 0]
+            if len(rows):
+                t = out_at[rows]
+                C_at = C_c if C_c.dim() == 2 else C_c[t, rows][None]
+                y[0, rows] = _inner(hs[t - t0, rows][None], C_at, C)[0]
         if at is not None:  # the (row, j) pairs whose position lies in this chunk
             rows, j = ((at >= t0) & (at < t1)).nonzero(as_tuple=True)
             picked[rows, j] = hs[at[rows, j] - t0, rows]
         state.copy_(hs[-1])  # the buffers are overwritten by the next chunk
     last_state = state
 
+    if out_at is not None:  # (rows, D, 1) at each row's position
+        rows = torch.arange(batch, device=u.device)
+        out = y[0][..., None]
+        if D is not None:
+            out.addcmul_(D.to(compute)[:, None], u_c[rows, :, out_at][..., None])
+        if z is not None:
+            out.mul_(F.silu(z[rows, :, out_at].to(compute))[..., None])
+        return out, last_state, checkpoints, picked
     out = _from_time_major_bdl(y, u)
     if D is not None:
         out.addcmul_(D.to(compute)[:, None], u_c)

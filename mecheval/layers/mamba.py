@@ -143,7 +143,7 @@ class Mamba(nn.Module):
         gates its own position)."""
         return "conv_input" if self.use_conv else None
 
-    reads_out_at = True  # see mecheval.layers.resume: out_proj runs at `at` alone
+    reads_out_at = True  # see mecheval.layers.resume: the scan's output is formed at `at` alone
 
     def forward(
         self,
@@ -180,7 +180,11 @@ class Mamba(nn.Module):
         A = -torch.exp(self.A_log.float())
         D, delta_bias = self.D.float(), self.dt_proj.bias.float()
 
-        def run_scan(initial_state: torch.Tensor | None, at: torch.Tensor | None = None):
+        def run_scan(
+            initial_state: torch.Tensor | None,
+            at: torch.Tensor | None = None,
+            out_at: torch.Tensor | None = None,
+        ):
             return kernels.selective_scan_fn(
                 u,
                 delta,
@@ -194,6 +198,7 @@ class Mamba(nn.Module):
                 return_last_state=True,
                 initial_state=initial_state,
                 states_at=at,
+                out_at=out_at,
             ) + ((None,) if at is None else ())
 
         def carry(jump: torch.Tensor, after: torch.Tensor, at: torch.Tensor | None):
@@ -215,15 +220,13 @@ class Mamba(nn.Module):
 
         if self.state.active:
             y, ssm_out = self.state.scan(run_scan, carry, length, batch, -1, initial_state=ssm_in)
-        elif resume is not None:
-            y, ssm_out, _ = run_scan(ssm_in)
-        else:
-            y = kernels.selective_scan_fn(
-                u, delta, A, B, C, D, z=z, delta_bias=delta_bias, delta_softplus=True
-            )
+            y = pick(y.transpose(1, 2), at)
+        else:  # with `at`, the scan forms the outputs there alone: (B, D, 1)
+            y, ssm_out, _ = run_scan(ssm_in, out_at=at)
+            y = y.transpose(1, 2)
         if resume is not None:
             resume.state = (conv_out, ssm_out)
-        return self.out_proj(pick(y.transpose(1, 2), at))
+        return self.out_proj(y)
 
     def state_size(self, sequence_length: int) -> int:
         """Floats carried between tokens: the SSM state d_inner * d_state plus the conv's

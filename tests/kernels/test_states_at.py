@@ -54,6 +54,45 @@ def test_selective_scan_states_equal_the_reference(monkeypatch, layout, small_ti
     torch.testing.assert_close(only[1], states[torch.arange(3)[:, None], at])
 
 
+@pytest.mark.parametrize("layout", ["fixed", "var", "group"])
+@pytest.mark.parametrize("small_tiles", [False, True], ids=["one_tile", "tiles_and_chunks"])
+def test_selective_scan_out_at_is_the_whole_output_there(monkeypatch, layout, small_tiles):
+    """out_at forms each row's output at its position alone: the whole output's there, with
+    the same last state; with gradients (or without D and z) too."""
+    if small_tiles:
+        monkeypatch.setattr(scan_torch_path, "CHUNK_ELEMENTS", 2 * 6 * 4)
+        monkeypatch.setattr(scan_torch_path, "MIN_CHUNK", 2)
+    x = _scan_inputs(layout)
+    at = torch.tensor([12, 0, 5])
+    rows = torch.arange(3)
+    whole, last = selective_scan_fn(**x, return_last_state=True, backend="torch")
+    out, last_at = selective_scan_fn(**x, return_last_state=True, out_at=at, backend="torch")
+    assert out.shape == (3, 6, 1)
+    torch.testing.assert_close(out[..., 0], whole[rows, :, at], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(last_at, last)
+    bare = {k: v for k, v in x.items() if k not in ("D", "z")}
+    plain = selective_scan_fn(**bare, backend="torch")
+    torch.testing.assert_close(
+        selective_scan_fn(**bare, out_at=at, backend="torch")[..., 0], plain[rows, :, at]
+    )
+    x["u"].requires_grad_()
+    with_grad = selective_scan_fn(**x, out_at=at)
+    assert with_grad.requires_grad
+    torch.testing.assert_close(with_grad[..., 0], whole[rows, :, at], atol=1e-5, rtol=1e-5)
+
+
+def test_selective_scan_out_at_refuses_bad_positions():
+    x = _scan_inputs("var")
+    with pytest.raises(ValueError, match=r"out_at must be a \(B,\) = \(3,\) integer tensor"):
+        selective_scan_fn(**x, out_at=torch.tensor([[1], [2], [3]]))
+    with pytest.raises(ValueError, match=r"out_at must be a \(B,\)"):
+        selective_scan_fn(**x, out_at=torch.tensor([1.0, 2.0, 3.0]))
+    with pytest.raises(ValueError, match=r"out_at must lie in \[0, 12\]"):
+        selective_scan_fn(**x, out_at=torch.tensor([1, 13, 0]))
+    with pytest.raises(ValueError, match="out_at and states_at cannot be given together"):
+        selective_scan_fn(**x, out_at=torch.tensor([1, 2, 0]), states_at=torch.zeros(3, 1).long())
+
+
 def test_selective_scan_states_equal_splitting_the_scan():
     """states[:, t] is the last state of the scan cut after position t."""
     x = _scan_inputs("var", seed=1)
