@@ -132,6 +132,7 @@ def selective_scan_fn(
     *,
     states_at: torch.Tensor | None = None,
     out_at: torch.Tensor | None = None,
+    state_patch: tuple[torch.Tensor, torch.Tensor] | None = None,
     backend: str | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """Mamba's selective scan, drop-in for mamba_ssm's `selective_scan_fn`.
@@ -164,6 +165,11 @@ def selective_scan_fn(
             out_at[b] of each row b alone (a model's last layer, read out at the query).
             Without gradients the PyTorch path forms only those outputs (every state still
             runs); otherwise the whole output is computed and picked. Not with `states_at`.
+        state_patch: (ours) optional (positions (B,), values (B, D, N)): the state after
+            positions[b] of row b is replaced with values[b], and the scan goes on from it
+            (the outputs after it, the last state and `states_at` from it on see the patch;
+            the output at the position itself is the unpatched one). Without gradients
+            only; it runs the PyTorch path, on any device. Not with `out_at`.
         backend: "auto", "triton" or "torch"; None uses the process default (kernels.backend).
 
     Returns:
@@ -179,6 +185,8 @@ def selective_scan_fn(
         softplus=bool(delta_softplus),
         save_checkpoints=False,
     )
+    if state_patch is not None:
+        return _patched(a, state_patch, states_at, out_at, return_last_state)
     if out_at is not None:
         return _out_at(a, out_at, return_last_state, states_at, chosen)
     if states_at is not None:
@@ -196,21 +204,50 @@ def selective_scan_fn(
     return out, last_state
 
 
+def _patched(a: ScanArgs, state_patch, states_at, out_at, return_last_state: bool) -> tuple:
+    name = OP.public
+    if out_at is not None:
+        raise ValueError(f"{name}: state_patch and out_at cannot be given together")
+    if needs_grad(a):
+        raise ValueError(f"{name}: state_patch runs without gradients (torch.no_grad())")
+    batch, channels, length = a.u.shape
+    if not isinstance(state_patch, tuple) or len(state_patch) != 2:
+        raise ValueError(f"{name}: state_patch must be a (positions, values) tuple")
+    positions, values = state_patch
+    at = _one_per_row("state_patch positions", positions, batch, length, a.u.device)
+    expected = (batch, channels, a.A.shape[1])
+    if not isinstance(values, torch.Tensor) or tuple(values.shape) != expected:
+        raise ValueError(
+            f"{name}: state_patch values must have shape {expected}, got "
+            f"{tuple(getattr(values, 'shape', ()))}"
+        )
+    read = None
+    if states_at is not None:
+        read = check_positions(name, states_at, batch, length, a.u.device)
+    out, last_state, states = OP.implementation("torch").forward_patched(a, at, values, read)
+    outputs = [out] + [last_state] * return_last_state + ([states] if read is not None else [])
+    return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def _one_per_row(name: str, positions, batch: int, length: int, device) -> torch.Tensor:
+    """A (B,) integer tensor of positions in [0, length), as int64 on `device`."""
+    integer = isinstance(positions, torch.Tensor) and not (
+        positions.dtype == torch.bool or positions.dtype.is_floating_point
+    )
+    if not integer or positions.dim() != 1 or positions.shape[0] != batch:
+        raise ValueError(
+            f"{OP.public}: {name} must be a (B,) = ({batch},) integer tensor of positions, "
+            f"got {getattr(positions, 'dtype', type(positions).__name__)} of shape "
+            f"{tuple(getattr(positions, 'shape', ()))}"
+        )
+    return check_positions(OP.public, positions[:, None], batch, length, device, name)[:, 0]
+
+
 def _out_at(a: ScanArgs, out_at, return_last_state: bool, states_at, backend: str) -> tuple:
     if states_at is not None:
         raise ValueError(f"{OP.public}: out_at and states_at cannot be given together")
     batch = a.u.shape[0]
-    integer = isinstance(out_at, torch.Tensor) and not (
-        out_at.dtype == torch.bool or out_at.dtype.is_floating_point
-    )
-    if not integer or out_at.dim() != 1 or out_at.shape[0] != batch:
-        raise ValueError(
-            f"{OP.public}: out_at must be a (B,) = ({batch},) integer tensor of positions, got "
-            f"{getattr(out_at, 'dtype', type(out_at).__name__)} of shape "
-            f"{tuple(getattr(out_at, 'shape', ()))}"
-        )
-    at = check_positions(OP.public, out_at[:, None], batch, a.u.shape[-1], a.u.device, "out_at")
-    at = at[:, 0]
+    at = _one_per_row("out_at", out_at, batch, a.u.shape[-1], a.u.device)
     if a.u.device.type == "cpu" and backend == "torch" and not needs_grad(a):
         out, last_state = OP.implementation("torch").forward_out_at(a, at)
     else:

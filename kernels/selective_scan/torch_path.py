@@ -173,17 +173,29 @@ def _scan_chunk(
     h0: torch.Tensor,
     a: torch.Tensor,
     h: torch.Tensor,
+    replace: dict | None = None,
 ) -> None:
     """Decays a = exp(dt A) and states h of one chunk, both (T, B, D, N), written into the given
     buffers (reused across chunks: large fresh allocations cost page faults on CPU). A_log2 is
     A log2(e): exp2 is about 2.5x faster than exp on CPU, and the decay is the scan's costliest
-    step."""
+    step. `replace`: states patched within the chunk (see `_replace`)."""
     torch.mul(dt[..., None], A_log2, out=a)
     a.exp2_()
     _outer(dt * u, Bc, B, h)  # dt * B * u, turned into the states in place
     h[0].addcmul_(a[0], h0)
+    _replace(h, 0, replace)
     for i in range(1, h.shape[0]):
         h[i].addcmul_(a[i], h[i - 1])
+        _replace(h, i, replace)
+
+
+def _replace(h: torch.Tensor, i: int, replace: dict | None) -> None:
+    """Step i's states of the rows `replace` patches there: replace[i] = (rows, values, kept),
+    the unpatched states stored into `kept` (the output at the patched position reads them)."""
+    if replace and i in replace:
+        rows, values, kept = replace[i]
+        kept.copy_(h[i, rows])
+        h[i, rows] = values
 
 
 def _chunk_buffers(count: int, T: int, like: torch.Tensor, N: int, compute: torch.dtype):
@@ -205,6 +217,17 @@ def forward_states_at(a: ScanArgs, at: torch.Tensor) -> tuple[torch.Tensor, ...]
     return out, last_state, states
 
 
+def forward_patched(
+    a: ScanArgs, positions: torch.Tensor, values: torch.Tensor, at: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(out, last_state, the states after positions at[b, :] or None) of the scan whose state
+    after positions[b] (B,) is replaced with values[b] (B, D, N), without gradients: outputs
+    after it and the states from it on are the patched scan's, the output at it is not."""
+    a = a._replace(save_checkpoints=False)
+    out, last_state, _, states = _forward(a, at, patch=(positions, values))
+    return out, last_state, states
+
+
 def forward_out_at(a: ScanArgs, out_at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, D, 1) at positions out_at (B,) of each row alone, last_state), without
     gradients: the contraction over N, the skip and the gate run at those positions only."""
@@ -212,13 +235,19 @@ def forward_out_at(a: ScanArgs, out_at: torch.Tensor) -> tuple[torch.Tensor, tor
     return out, last_state
 
 
-def _forward(a: ScanArgs, at: torch.Tensor | None, out_at: torch.Tensor | None = None):
+def _forward(a: ScanArgs, at: torch.Tensor | None, out_at: torch.Tensor | None = None, patch=None):
     batch, channels, length = a.u.shape
     N = a.A.shape[1]
     T = chunk_length(batch, channels, N, length)
     pick = lambda x, rows: None if x is None else x[rows]  # noqa: E731
     parts = [
-        _forward_rows(_rows_of(a, rows), T, pick(at, rows), pick(out_at, rows))
+        _forward_rows(
+            _rows_of(a, rows),
+            T,
+            pick(at, rows),
+            pick(out_at, rows),
+            None if patch is None else (patch[0][rows], patch[1][rows]),
+        )
         for rows in _tiles(batch, channels, N, length)
     ]
     if len(parts) == 1:
@@ -257,11 +286,17 @@ def _chunked(a: ScanArgs, compute: torch.dtype) -> _Chunked:
 
 
 def _forward_rows(
-    args: ScanArgs, T: int, at: torch.Tensor | None = None, out_at: torch.Tensor | None = None
+    args: ScanArgs,
+    T: int,
+    at: torch.Tensor | None = None,
+    out_at: torch.Tensor | None = None,
+    patch: tuple | None = None,
 ):
     """`forward` for one tile of rows, in chunks of T positions; out in the compute dtype.
     `at`: (rows, P) positions whose states to return as a fourth output (else None);
-    `out_at`: (rows,) the one position of each row whose output to form (out (rows, D, 1))."""
+    `out_at`: (rows,) the one position of each row whose output to form (out (rows, D, 1));
+    `patch`: (positions (rows,), values (rows, D, N)), the state after each row's position
+    replaced (see `forward_patched`; not with `out_at`)."""
     compute = compute_dtype(args.u)
     u, B, C, D, z, save = args.u, args.B, args.C, args.D, args.z, args.save_checkpoints
     batch, channels, length = u.shape
@@ -278,14 +313,20 @@ def _forward_rows(
     y = u.new_empty(1 if out_at is not None else length, batch, channels, dtype=compute)
     a_buf, h_buf = _chunk_buffers(2, T, u, N, compute)
     picked = None if at is None else u.new_empty(*at.shape, channels, N, dtype=compute)
+    patched_at = _patched_rows(patch, compute)
     for c in range(n_chunks):
         t0, t1 = c * T, min(length, (c + 1) * T)
         a, hs = a_buf[: t1 - t0], h_buf[: t1 - t0]
         if save:
             checkpoints[c].copy_(state)
-        _scan_chunk(dt_t[t0:t1], u_t[t0:t1], A_log2, _chunk(B_c, t0, t1), B, state, a, hs)
+        replace = {t - t0: r for t, r in patched_at.items() if t0 <= t < t1}
+        Bt, Ct = _chunk(B_c, t0, t1), _chunk(C_c, t0, t1)
+        _scan_chunk(dt_t[t0:t1], u_t[t0:t1], A_log2, Bt, B, state, a, hs, replace)
         if out_at is None:
-            y[t0:t1] = _inner(hs, _chunk(C_c, t0, t1), C, scratch=a)  # a is done with
+            y[t0:t1] = _inner(hs, Ct, C, scratch=a)  # a is done with
+            for i, (rows, _, kept) in replace.items():  # the output at p: unpatched states
+                C_i = Ct if Ct.dim() == 2 else Ct[i, rows][None]
+                y[t0 + i, rows] = _inner(kept[None], C_i, C)[0]
         else:  # the rows whose output position lies in this chunk
             rows = ((out_at >= t0) & (out_at < t1)).nonzero()[:, 0]
             if len(rows):
@@ -312,6 +353,19 @@ def _forward_rows(
     if z is not None:
         out.mul_(F.silu(z.to(compute)))
     return out, last_state, checkpoints, picked
+
+
+def _patched_rows(patch: tuple | None, compute: torch.dtype) -> dict:
+    """position -> (rows patched after it, their values, a buffer for their unpatched states)."""
+    if patch is None:
+        return {}
+    positions, values = patch
+    groups = {}
+    for t in positions.unique().tolist():
+        rows = (positions == t).nonzero()[:, 0]
+        chosen = values[rows].to(compute)
+        groups[t] = (rows, chosen, torch.empty_like(chosen))
+    return groups
 
 
 def _from_time_major_bdl(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -218,8 +218,27 @@ class Mamba(nn.Module):
                 states_at=at,
             ) + ((None,) if at is None else ())
 
+        def patched(initial_state, positions, values, at):
+            return kernels.selective_scan_fn(
+                u,
+                delta,
+                A,
+                B,
+                C,
+                D,
+                z=z,
+                delta_bias=delta_bias,
+                delta_softplus=True,
+                return_last_state=True,
+                initial_state=initial_state,
+                states_at=at,
+                state_patch=(positions, values),
+            ) + ((None,) if at is None else ())
+
         if self.state.active:
-            y, ssm_out = self.state.scan(run_scan, carry, length, batch, -1, initial_state=ssm_in)
+            y, ssm_out = self.state.scan(
+                run_scan, carry, length, batch, -1, initial_state=ssm_in, patched=patched
+            )
             y = pick(y.transpose(1, 2), at)
         else:  # with `at`, the scan forms the outputs there alone: (B, D, 1)
             y, ssm_out, _ = run_scan(ssm_in, out_at=at)

@@ -175,6 +175,15 @@ CarryFn = Callable[
 ]
 
 
+# patched(initial_state, positions, values, at) -> run_scan's outputs for the scan whose state
+# after positions[b] (B,) is replaced with values[b] within the one scan (the output at the
+# position unpatched, states at `at` from it on patched); used without gradients, when given.
+PatchedFn = Callable[
+    [torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor | None],
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+]
+
+
 class StateSite(nn.Module):
     """The recurrent state of a scan, h_t = the state after position t, as a site.
 
@@ -213,6 +222,7 @@ class StateSite(nn.Module):
         batch: int,
         time_dim: int,
         initial_state: torch.Tensor | None = None,
+        patched: PatchedFn | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the scan as the plan says.
 
@@ -224,6 +234,8 @@ class StateSite(nn.Module):
             batch: batch size B.
             time_dim: the time axis of the outputs.
             initial_state: the state before position 0 (None: the scan's zero state).
+            patched: see `PatchedFn`: a scan that patches its state itself, one scan instead
+                of two for a patch (Mamba's); taken while no gradient is recorded.
 
         Returns:
             (the outputs for all L positions, the state after the last position).
@@ -249,6 +261,8 @@ class StateSite(nn.Module):
             columns.append(torch.arange(length).expand(batch, length))
         device = columns[0].device
         at = torch.cat([c.to(device=device, dtype=torch.long) for c in columns], dim=1)
+        if patch_pos is not None and patched is not None and not torch.is_grad_enabled():
+            return self._patched(patched, initial_state, patch_pos, at[:, 1:], read_pos)
         y, last, states = run_scan(initial_state, at)
         reads = states[:, 1:] if patch_pos is not None else states  # (B, P_read, ...)
         if patch_pos is not None:
@@ -270,6 +284,15 @@ class StateSite(nn.Module):
                 reached = read_at >= patch_pos[:, None]
                 reached = reached.view(*reached.shape, *(1,) * (jump.dim() - 1))
                 reads = reads + reached.to(reads.dtype) * d_reads.to(reads.dtype)
+        if plan.read:
+            one = read_pos is not None and read_pos.dim() == 1
+            plan.record[plan.name] = reads[:, 0] if one else reads
+        return y, last
+
+    def _patched(self, patched: PatchedFn, initial_state, patch_pos, read_at, read_pos):
+        plan = self.plan
+        values = plan.patch_values
+        y, last, reads = patched(initial_state, patch_pos, values, read_at if plan.read else None)
         if plan.read:
             one = read_pos is not None and read_pos.dim() == 1
             plan.record[plan.name] = reads[:, 0] if one else reads

@@ -93,6 +93,54 @@ def test_selective_scan_out_at_refuses_bad_positions():
         selective_scan_fn(**x, out_at=torch.tensor([1, 2, 0]), states_at=torch.zeros(3, 1).long())
 
 
+def _row_after(x: dict, row: int, p: int) -> dict:
+    """Scan inputs of one row from position p + 1 on (inputs without a batch axis as given)."""
+    per_row = {"u", "delta", "z", "initial_state"} | {k for k in ("B", "C") if x[k].dim() > 2}
+    timed = per_row - {"initial_state"}
+    one = {k: v[row : row + 1] if k in per_row else v for k, v in x.items()}
+    return {k: v[..., p + 1 :] if k in timed else v for k, v in one.items()}
+
+
+@pytest.mark.parametrize("layout", ["fixed", "var", "group"])
+@pytest.mark.parametrize("small_tiles", [False, True], ids=["one_tile", "tiles_and_chunks"])
+def test_selective_scan_state_patch_equals_a_scan_cut_there(monkeypatch, layout, small_tiles):
+    """state_patch replaces the state after each row's position within the one scan: the
+    outputs up to it are the unpatched scan's, those after it the scan resumed from the patch,
+    and states read from it on (and the last state) are the patched ones."""
+    if small_tiles:
+        monkeypatch.setattr(scan_torch_path, "CHUNK_ELEMENTS", 2 * 6 * 4)
+        monkeypatch.setattr(scan_torch_path, "MIN_CHUNK", 2)
+    x = _scan_inputs(layout, seed=4)
+    positions = torch.tensor([3, 0, 12])
+    values = torch.randn(3, 6, 4, generator=torch.Generator().manual_seed(5))
+    every = torch.arange(13).expand(3, 13)
+    with torch.no_grad():
+        whole = selective_scan_fn(**x, backend="torch")
+        out, last, states = selective_scan_fn(
+            **x, return_last_state=True, states_at=every, state_patch=(positions, values)
+        )
+        for row, p in enumerate(positions.tolist()):
+            after = _row_after(x, row, p)
+            after["initial_state"] = values[row : row + 1]
+            torch.testing.assert_close(out[row, :, : p + 1], whole[row, :, : p + 1])
+            torch.testing.assert_close(states[row, p], values[row])
+            if p + 1 < 13:
+                rest, rest_last = selective_scan_fn(**after, return_last_state=True)
+                torch.testing.assert_close(
+                    out[row : row + 1, :, p + 1 :], rest, atol=1e-5, rtol=1e-5
+                )
+                torch.testing.assert_close(last[row], rest_last[0], atol=1e-5, rtol=1e-5)
+            else:
+                torch.testing.assert_close(last[row], values[row])
+        with pytest.raises(ValueError, match=r"state_patch values must have shape \(3, 6, 4\)"):
+            selective_scan_fn(**x, state_patch=(positions, values[:, :, :2]))
+        with pytest.raises(ValueError, match=r"state_patch positions must lie in \[0, 12\]"):
+            selective_scan_fn(**x, state_patch=(torch.tensor([0, 13, 1]), values))
+    x["u"].requires_grad_()
+    with pytest.raises(ValueError, match="state_patch runs without gradients"):
+        selective_scan_fn(**x, state_patch=(positions, values))
+
+
 def test_selective_scan_states_equal_splitting_the_scan():
     """states[:, t] is the last state of the scan cut after position t."""
     x = _scan_inputs("var", seed=1)
