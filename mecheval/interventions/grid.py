@@ -374,11 +374,10 @@ def _block_outputs(model, ref, values: torch.Tensor, cells: torch.Tensor, plan, 
         mixer_output = base[f"layers.{layer}.mixer_output"][rows, at]
         patches[f"layers.{layer}.mixer_output"] = (zero, mixer_output)
     x = base[f"layers.{layer}.block_input"][rows, at][:, None]
-    output = f"layers.{layer}.block_output"
-    with model.intervene(patches=patches, reads={output: zero}) as record:
-        model.forward_from(layer, x, head=False)
+    with model.intervene(patches=patches):
+        patched = model.forward_from(layer, x, stop=layer + 1)
     outputs = x.new_zeros(len(plan.positions), x.shape[-1])
-    outputs[cells] = record[output]
+    outputs[cells] = patched[:, 0]
     return outputs
 
 

@@ -92,6 +92,7 @@ class LanguageModel(nn.Module):
         positions: torch.Tensor | None = None,
         resumes: list[Resume] | None = None,
         head: bool | str = True,
+        stop: int | None = None,
     ) -> torch.Tensor | None:
         """Run blocks layer_index..n_layers-1, the final norm and the tied head.
 
@@ -108,6 +109,9 @@ class LanguageModel(nn.Module):
                 leave) and returns None: no final norm, no head. "hidden" stops before the
                 head: the final norm's output, whose product with `unembedding` transposed
                 is the logits.
+            stop: run blocks layer_index..stop - 1 alone and return the residual stream
+                leaving the last of them (B, L, d_model): no final norm, no head (`head`
+                and `positions` are then ignored).
 
         Returns:
             logits (B, L, vocab_size), or (B, vocab_size) at `positions`; (B, L, d_model) or
@@ -135,6 +139,14 @@ class LanguageModel(nn.Module):
                 f"positions must have shape ({residual.shape[0]},), one integer position per "
                 f"row, got {positions!r:.80}"
             )
+        if stop is not None:
+            if not layer_index < stop <= len(self.layers):
+                raise ValueError(
+                    f"stop must be in {layer_index + 1}..{len(self.layers)}, got {stop}"
+                )
+            for i, block in enumerate(self.layers[layer_index:stop]):
+                residual = block(residual, None if resumes is None else resumes[i])
+            return residual
         blocks = self.layers[layer_index:]
         if resumes is not None and len(resumes) != len(blocks):
             raise ValueError(f"resumes must hold one context per block run ({len(blocks)})")

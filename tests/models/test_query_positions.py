@@ -83,3 +83,21 @@ def test_filter_memo_follows_the_parameters(arch):
         reference = model(tokens)  # no memo: computed from the parameters afresh
     torch.testing.assert_close(after, reference.detach(), atol=1e-6, rtol=1e-6)
     assert not torch.allclose(before, after)
+
+
+def test_stop_runs_the_first_blocks_alone():
+    """stop=k returns the residual stream leaving block k - 1, as the block_output site reads."""
+    model = _model("deltanet")
+    tokens = torch.randint(0, V, (3, L), generator=torch.Generator().manual_seed(4))
+    x = model.embed(tokens)
+    with torch.no_grad():
+        with model.intervene(reads={"layers.0.block_output": None}) as record:
+            model.forward_from(0, x)
+        first = model.forward_from(0, x, stop=1)
+        both = model.forward_from(1, first, stop=2)
+        with model.intervene(reads={"layers.1.block_output": None}) as second:
+            model.forward_from(0, x)
+    torch.testing.assert_close(first, record["layers.0.block_output"])
+    torch.testing.assert_close(both, second["layers.1.block_output"])
+    with pytest.raises(ValueError, match=r"stop must be in 1..2, got 0"):
+        model.forward_from(0, x, stop=0)
