@@ -137,3 +137,20 @@ def check_positions(
             f"[{int(positions.min())}, {int(positions.max())}]"
         )
     return positions.to(device=device, dtype=torch.long)
+
+
+def one_per_row(
+    op: str, name: str, positions: object, batch: int, length: int, device: torch.device
+) -> torch.Tensor:
+    """A (B,) integer tensor of positions in [0, length) (one per batch row), returned on
+    `device` as int64."""
+    integer = isinstance(positions, torch.Tensor) and not (
+        positions.dtype == torch.bool or positions.dtype.is_floating_point
+    )
+    if not integer or positions.dim() != 1 or positions.shape[0] != batch:
+        raise ValueError(
+            f"{op}: {name} must be a (B,) = ({batch},) integer tensor of positions, got "
+            f"{getattr(positions, 'dtype', type(positions).__name__)} of shape "
+            f"{tuple(getattr(positions, 'shape', ()))}"
+        )
+    return check_positions(op, positions[:, None], batch, length, device, name)[:, 0]

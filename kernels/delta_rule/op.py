@@ -18,7 +18,7 @@ import torch
 from kernels._op import Op, compute_dtype, needs_grad
 from kernels.delta_rule.reference import l2_normalize
 from kernels.stacking import fold_into, unfold_from
-from kernels.validation import check_positions, check_range, check_tensor
+from kernels.validation import check_positions, check_range, check_tensor, one_per_row
 
 MAX_HEAD_DIM = 256
 # The Triton backend runs the fused recurrent kernel for T <= this, the chunked kernels above.
@@ -100,6 +100,7 @@ def chunk_delta_rule(
     use_qk_l2norm_in_kernel: bool = False,
     *,
     states_at: torch.Tensor | None = None,
+    out_at: torch.Tensor | None = None,
     backend: str | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """The delta rule (DeltaNet), drop-in for `fla.ops.delta_rule.chunk_delta_rule`.
@@ -123,12 +124,17 @@ def chunk_delta_rule(
             `torch.arange(T).expand(B, T)`), for reading or patching states at many positions.
             Without gradients it runs the PyTorch path, on any device; when a gradient is
             needed, one call per step (slow, exact).
+        out_at: (ours) optional (B,) integer positions: o is then (B, 1, H, V), the output at
+            step out_at[b] of each row b alone (a model's last layer read out at the query).
+            Without gradients the PyTorch path forms only those (the state still runs
+            through every step); otherwise the whole output is computed and picked. Not with
+            `states_at`.
         backend: "auto", "triton" or "torch"; None uses the process default (kernels.backend).
 
     Returns:
-        o (B, T, H, V) in q's dtype, and the final state (B, H, K, V) in float32 (float64 for
-        float64 inputs) or None; with `states_at`, a third element, the states
-        (B, P, H, K, V) in the final state's dtype.
+        o (B, T, H, V) in q's dtype ((B, 1, H, V) with `out_at`), and the final state
+        (B, H, K, V) in float32 (float64 for float64 inputs) or None; with `states_at`, a
+        third element, the states (B, P, H, K, V) in the final state's dtype.
     """
     chosen = OP.check(backend, q=q, k=k, v=v, beta=beta, scale=scale, initial_state=initial_state)
     T, K = q.shape[1], q.shape[3]
@@ -140,6 +146,16 @@ def chunk_delta_rule(
     a = DeltaArgs(
         q, k, v, beta, initial_state, scale, bool(output_final_state), kernel_for(chosen, T)
     )
+    if out_at is not None:
+        if states_at is not None:
+            raise ValueError(f"{OP.public}: out_at and states_at cannot be given together")
+        at = one_per_row(OP.public, "out_at", out_at, q.shape[0], T, q.device)
+        if chosen == "torch" and OP.runs_plain(a):
+            return OP.implementation("torch").forward_out_at(a, at)
+        o, final, *_ = OP(a, chosen)
+        return o[torch.arange(len(at), device=at.device), at][:, None], (
+            final if output_final_state else None
+        )
     if states_at is not None:
         at = check_positions(OP.public, states_at, q.shape[0], T, q.device)
         if needs_grad(a):
@@ -148,6 +164,8 @@ def chunk_delta_rule(
         else:
             o, final, states = OP.implementation("torch").forward_states_at(a, at)
         return o, (final if output_final_state else None), states
+    if chosen == "torch" and OP.runs_plain(a):  # no backward: no saved buffers
+        return OP.implementation("torch").forward_inference(a)
     o, final, *_ = OP(a, chosen)
     return o, (final if output_final_state else None)
 

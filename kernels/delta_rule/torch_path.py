@@ -54,17 +54,18 @@ def _from_chunks(x: torch.Tensor, T: int) -> torch.Tensor:
 
 
 def empty_saved(
-    q: torch.Tensor, v: torch.Tensor, kernel: str = "chunked"
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, v: torch.Tensor, kernel: str = "chunked", states: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """The forward's saved buffers, unfilled: U rows (n, B, H, C, V), chunk start states
-    (n, B, H, K, V) and A (n, B, H, C, C), in float32 (float64 for float64 inputs)."""
+    (n, B, H, K, V; None without `states`) and A (n, B, H, C, C), in float32 (float64 for
+    float64 inputs)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     chunk, n = _chunking(T)
     dtype = compute_dtype(q)
     return (
         q.new_empty(n, B, H, chunk, V, dtype=dtype),
-        q.new_empty(n, B, H, K, V, dtype=dtype),
+        q.new_empty(n, B, H, K, V, dtype=dtype) if states else None,
         q.new_empty(n, B, H, chunk, chunk, dtype=dtype),
     )
 
@@ -84,10 +85,58 @@ def forward(args: DeltaArgs) -> tuple[torch.Tensor, ...]:
     (float64 for float64 inputs) or None, and the buffers the backward needs (`empty_saved`).
     The PyTorch path has one kernel: `args.kernel` is ignored.
     """
+    qc, kc, u, h, a, state = _recurrence(args)
+    o = qc @ h + (qc @ kc.transpose(-1, -2)).tril() @ u  # (n, B, H, C, V)
+    o = _from_chunks(o, args.q.shape[1]).to(args.q.dtype).contiguous()
+    return o, (state if args.output_final_state else None), u, h, a
+
+
+def forward_inference(args: DeltaArgs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(o, the final state or None) as `forward`, when no backward will run: the chunks'
+    start states are not copied into a saved buffer (a zero one is left out)."""
+    qc, kc, u, starts, _, state = _recurrence(args, save=False)
+    o = (qc @ kc.transpose(-1, -2)).tril() @ u  # (n, B, H, C, V)
+    if len(starts) == 1:
+        if starts[0] is not None:
+            o += qc @ starts[0][None]
+    else:  # only the first chunk's start may be zero
+        first = torch.zeros_like(starts[1]) if starts[0] is None else starts[0]
+        o += qc @ torch.stack([first, *starts[1:]])
+    o = _from_chunks(o, args.q.shape[1]).to(args.q.dtype).contiguous()
+    return o, (state if args.output_final_state else None)
+
+
+def forward_out_at(args: DeltaArgs, at: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(o (B, 1, H, V) at step at[b] of each row b alone, the final state or None), without
+    gradients: o_t = S_t^T q_t with S_t the chunk's start state plus its writes up to t. The
+    chunks' start states are kept as they run, not copied into a buffer (None: zero)."""
+    qc, kc, u, starts, _, state = _recurrence(args, save=False)
+    chunk, rows = qc.shape[3], torch.arange(len(at), device=at.device)
+    c, j = at // chunk, at % chunk
+    pick = (lambda x: x[0]) if qc.shape[0] == 1 else (lambda x: x[c, rows])  # noqa: E731
+    q_at = pick(qc)[rows, :, j][:, :, None]  # (B, H, 1, K)
+    scores = q_at @ pick(kc).transpose(-1, -2)  # (B, H, 1, C)
+    later = torch.arange(chunk, device=at.device) > j[:, None]  # (B, C): written after t
+    o = scores.masked_fill(later[:, None, None, :], 0.0) @ pick(u)  # (B, H, 1, V)
+    if qc.shape[0] == 1:
+        start = starts[0]
+    else:  # only the first chunk's start may be zero
+        first = torch.zeros_like(starts[1]) if starts[0] is None else starts[0]
+        start = torch.stack([first, *starts[1:]])[c, rows]
+    if start is not None:
+        o = o + q_at @ start
+    return o.transpose(1, 2).to(args.q.dtype), (state if args.output_final_state else None)
+
+
+def _recurrence(args: DeltaArgs, save: bool = True) -> tuple[torch.Tensor, ...]:
+    """The chunked recurrence: (q pre-scaled, k, u, the chunks' start states h, A, the state
+    after the last chunk: only when `output_final_state`, else the last chunk's start).
+    Without `save` (no backward will run), h is the list of start states as they ran, None
+    for a zero one."""
     q, initial_state = args.q, args.initial_state
     B, T, H, K = q.shape
     qc, kc, vc, bc = _chunked_inputs(args)
-    u, h, a = empty_saved(q, args.v)
+    u, h, a = empty_saved(q, args.v, states=save)
     kb = kc * bc
     lower = (kb @ kc.transpose(-1, -2)).tril(-1)
     eye = torch.eye(lower.shape[-1], dtype=lower.dtype, device=lower.device)
@@ -95,18 +144,20 @@ def forward(args: DeltaArgs) -> tuple[torch.Tensor, ...]:
         eye + lower, eye.expand_as(lower), upper=False, unitriangular=True, out=a
     )
     w_k, w_v = a @ kb, a @ (vc * bc)
-    state = h.new_zeros(h.shape[1:]) if initial_state is None else initial_state.to(h.dtype)
-    for c in range(h.shape[0]):
-        h[c] = state
-        if c == 0 and initial_state is None:  # a zero state: nothing to subtract
+    state = None if initial_state is None else initial_state.to(u.dtype)
+    starts = []
+    for c in range(u.shape[0]):
+        if save:
+            h[c] = 0 if state is None else state
+        starts.append(state)
+        if state is None:  # a zero state: nothing to subtract
             u[c] = w_v[c]
         else:
             torch.sub(w_v[c], w_k[c] @ state, out=u[c])
-        if c + 1 < h.shape[0] or args.output_final_state:  # the last write only for them
-            state = state + kc[c].transpose(-1, -2) @ u[c]
-    o = qc @ h + (qc @ kc.transpose(-1, -2)).tril() @ u  # (n, B, H, C, V)
-    o = _from_chunks(o, T).to(q.dtype).contiguous()
-    return o, (state if args.output_final_state else None), u, h, a
+        if c + 1 < u.shape[0] or args.output_final_state:  # the last write only for them
+            write = kc[c].transpose(-1, -2) @ u[c]
+            state = write if state is None else state + write
+    return qc, kc, u, (h if save else starts), a, state
 
 
 # Up to this many positions per row, their states are formed one by one (a masked matmul

@@ -21,6 +21,7 @@ from kernels.validation import (
     check_range,
     check_tensor,
     check_tensor_layouts,
+    one_per_row,
 )
 
 MAX_STATE = 256
@@ -214,7 +215,7 @@ def _patched(a: ScanArgs, state_patch, states_at, out_at, return_last_state: boo
     if not isinstance(state_patch, tuple) or len(state_patch) != 2:
         raise ValueError(f"{name}: state_patch must be a (positions, values) tuple")
     positions, values = state_patch
-    at = _one_per_row("state_patch positions", positions, batch, length, a.u.device)
+    at = one_per_row(name, "state_patch positions", positions, batch, length, a.u.device)
     expected = (batch, channels, a.A.shape[1])
     if not isinstance(values, torch.Tensor) or tuple(values.shape) != expected:
         raise ValueError(
@@ -229,25 +230,11 @@ def _patched(a: ScanArgs, state_patch, states_at, out_at, return_last_state: boo
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
-def _one_per_row(name: str, positions, batch: int, length: int, device) -> torch.Tensor:
-    """A (B,) integer tensor of positions in [0, length), as int64 on `device`."""
-    integer = isinstance(positions, torch.Tensor) and not (
-        positions.dtype == torch.bool or positions.dtype.is_floating_point
-    )
-    if not integer or positions.dim() != 1 or positions.shape[0] != batch:
-        raise ValueError(
-            f"{OP.public}: {name} must be a (B,) = ({batch},) integer tensor of positions, "
-            f"got {getattr(positions, 'dtype', type(positions).__name__)} of shape "
-            f"{tuple(getattr(positions, 'shape', ()))}"
-        )
-    return check_positions(OP.public, positions[:, None], batch, length, device, name)[:, 0]
-
-
 def _out_at(a: ScanArgs, out_at, return_last_state: bool, states_at, backend: str) -> tuple:
     if states_at is not None:
         raise ValueError(f"{OP.public}: out_at and states_at cannot be given together")
     batch = a.u.shape[0]
-    at = _one_per_row("out_at", out_at, batch, a.u.shape[-1], a.u.device)
+    at = one_per_row(OP.public, "out_at", out_at, batch, a.u.shape[-1], a.u.device)
     if a.u.device.type == "cpu" and backend == "torch" and not needs_grad(a):
         out, last_state = OP.implementation("torch").forward_out_at(a, at)
     else:

@@ -132,7 +132,11 @@ class DeltaNet(ShortConvQKV):
             beta = beta * 2
         l2 = self.qk_norm == "l2"
 
-        def run_scan(initial_state: torch.Tensor | None, at: torch.Tensor | None = None):
+        def run_scan(
+            initial_state: torch.Tensor | None,
+            at: torch.Tensor | None = None,
+            out_at: torch.Tensor | None = None,
+        ):
             return kernels.chunk_delta_rule(
                 q,
                 k,
@@ -142,6 +146,7 @@ class DeltaNet(ShortConvQKV):
                 output_final_state=resume is None or resume.leave,
                 use_qk_l2norm_in_kernel=l2,
                 states_at=at,
+                out_at=out_at,
             ) + ((None,) if at is None else ())
 
         def carry(jump: torch.Tensor, after: torch.Tensor, at: torch.Tensor | None):
@@ -160,13 +165,14 @@ class DeltaNet(ShortConvQKV):
 
         if self.state.active:
             o, final = self.state.scan(run_scan, carry, length, batch, 1, initial_state=context[3])
-        elif resume is not None:
-            o, final, _ = run_scan(context[3])
+            o = pick(o, at)
+        elif resume is not None:  # with `at`, the output is formed there alone: (B, 1, H, V)
+            o, final, _ = run_scan(context[3], out_at=at)
         else:
-            o, _ = kernels.chunk_delta_rule(q, k, v, beta, use_qk_l2norm_in_kernel=l2)
+            o, _ = kernels.chunk_delta_rule(q, k, v, beta, use_qk_l2norm_in_kernel=l2, out_at=at)
         if resume is not None:
             resume.state = (*convs_out, final)
         # In float32: the kernel returns q's dtype (bf16 under autocast), the norm's weight is
         # float32, and a mixed-dtype RMSNorm falls off its fused path with a warning.
-        o = self.o_norm(pick(o, at).float())
+        o = self.o_norm(o.float())
         return self.o_proj(o.reshape(batch, o.shape[1], self.value_dim))

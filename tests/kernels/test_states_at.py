@@ -243,3 +243,43 @@ def test_bad_positions_are_refused_by_name(at, words):
     with pytest.raises(ValueError, match="states_at") as error:
         selective_scan_fn(**x, states_at=at)
     assert words in str(error.value)
+
+
+@pytest.mark.parametrize("chunk", [64, 4], ids=["one_chunk", "chunks"])
+def test_delta_rule_out_at_is_the_whole_output_there(monkeypatch, chunk):
+    """out_at forms each row's output at its step alone: the whole output's there, with the
+    same final state; with gradients too (the whole output, picked); bad positions refused."""
+    monkeypatch.setattr(delta_torch_path, "CHUNK_SIZE", chunk)
+    x = _delta_inputs(seed=6, B=3)
+    at = torch.tensor([10, 0, 5])
+    rows = torch.arange(3)
+    whole, final = chunk_delta_rule(**x, output_final_state=True, backend="torch")
+    o, final_at = chunk_delta_rule(**x, output_final_state=True, out_at=at, backend="torch")
+    assert o.shape == (3, 1, 2, 3)
+    torch.testing.assert_close(o[:, 0], whole[rows, at], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(final_at, final)
+    assert chunk_delta_rule(**x, out_at=at, backend="torch")[1] is None
+    x["v"].requires_grad_()
+    with_grad, _ = chunk_delta_rule(**x, out_at=at)
+    assert with_grad.requires_grad
+    torch.testing.assert_close(with_grad[:, 0], whole[rows, at], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"out_at must be a \(B,\) = \(3,\) integer tensor"):
+        chunk_delta_rule(**x, out_at=at[:2])
+    with pytest.raises(ValueError, match=r"out_at must lie in \[0, 10\]"):
+        chunk_delta_rule(**x, out_at=torch.tensor([11, 0, 0]))
+
+
+@pytest.mark.parametrize("chunk", [64, 4], ids=["one_chunk", "chunks"])
+@pytest.mark.parametrize("initial", [True, False], ids=["initial_state", "zero_state"])
+def test_delta_rule_without_a_backward_equals_the_forward_that_saves(monkeypatch, chunk, initial):
+    """With no backward to come the PyTorch path keeps no saved buffers: the same outputs."""
+    monkeypatch.setattr(delta_torch_path, "CHUNK_SIZE", chunk)
+    x = _delta_inputs(seed=7)
+    if not initial:
+        x["initial_state"] = None
+    with torch.no_grad():
+        o, final = chunk_delta_rule(**x, output_final_state=True, backend="torch")
+    x["v"] = x["v"].clone().requires_grad_()
+    o_saving, final_saving = chunk_delta_rule(**x, output_final_state=True, backend="torch")
+    torch.testing.assert_close(o, o_saving.detach())
+    torch.testing.assert_close(final, final_saving.detach())
