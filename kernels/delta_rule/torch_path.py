@@ -166,10 +166,11 @@ FEW_POSITIONS = 4
 
 
 def forward_states_at(args: DeltaArgs, at: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(o, the final state, the states after steps at[b, :] of each row b (B, P, H, K, V) in the
-    compute dtype), without gradients. Inside a chunk the state after step j is the chunk's
-    start state plus K[:j+1]^T U[:j+1], the chunk's rank-one writes up to j."""
-    o, final, u, h, _ = forward(args._replace(output_final_state=True))
+    """(o, the final state (None unless `output_final_state`), the states after steps
+    at[b, :] of each row b (B, P, H, K, V) in the compute dtype), without gradients. Inside a
+    chunk the state after step j is the chunk's start state plus K[:j+1]^T U[:j+1], the
+    chunk's rank-one writes up to j."""
+    o, final, u, h, _ = forward(args)
     T = args.q.shape[1]
     chunk, n = _chunking(T)
     kc = _to_chunks(args.k.to(h.dtype), chunk, n)  # (n, B, H, C, K)

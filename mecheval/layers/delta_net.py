@@ -158,7 +158,7 @@ class DeltaNet(ShortConvQKV):
                 torch.zeros_like(v),
                 beta * after[..., None],
                 initial_state=jump,
-                output_final_state=True,
+                output_final_state=resume is None or resume.leave,
                 use_qk_l2norm_in_kernel=l2,
                 states_at=at,
             ) + ((None,) if at is None else ())
