@@ -306,9 +306,7 @@ def _sources(model, plan: GridPlan, batch: Batch) -> tuple[dict, torch.Tensor]:
 def _run(model, plan: GridPlan, batch: Batch, base_tokens: torch.Tensor, progress: bool):
     """Every live cell of the plan: (per site: ref, p_restored, logit, kl), p_original,
     p_corrupted."""
-    device = base_tokens.device
     query, answers = batch.positions["query"], batch.answers
-    example, positions = plan.example, plan.positions
     source, clean = _sources(model, plan, batch)
     # The base's residual stream entering each block a site's cells restart at (the next
     # one for the sites after a mixer), and what a one-position run of a block needs.
@@ -324,41 +322,52 @@ def _run(model, plan: GridPlan, batch: Batch, base_tokens: torch.Tensor, progres
     contexts = _Contexts(at_point, len(batch), plan.memory_budget // 4)
     outputs = []
     for site in tqdm(plan.sites, disable=not progress, desc="interchange grid", unit="site"):
-        ref, values = site.ref, source[site.ref.name]
-        if ref.short != "state":
-            values = values[example, positions]  # (P n, C), stacked like the cells
         # Cells that do not run keep the corrupted run's results.
-        restored, logit, kl = (m[example].clone() for m in corrupt)
-        is_output = ref.short in AFTER_MIXER  # restarts at the next block, on its output
-        if ref.short != "block_output" and is_output and len(site.live):
-            values = _block_outputs(model, ref, values, site.live, plan, base)
-        residual = base[f"layers.{ref.layer}.{'block_output' if is_output else 'block_input'}"]
-        for start in site.starts.unique().tolist():
-            bucket = site.live[site.starts == start]
-            for first in range(0, len(bucket), plan.chunk):
-                cells = bucket[first : first + plan.chunk]
-                rows = example[cells]
-                at, q_at = positions[cells] - start, query[rows] - start
-                suffix = residual[rows, start:]
-                resumed = contexts.rows(start, site.first_block, rows) if start else None
-                if is_output:  # the next block reads exactly the patched output
-                    patched = suffix.index_put(
-                        (torch.arange(len(cells), device=device), at), values[cells]
-                    )
-                    hidden = hidden_at(model, site.first_block, patched, q_at, resumed)
-                else:
-                    with model.intervene(patches={ref.name: (at, values[cells])}):
-                        hidden = hidden_at(model, site.first_block, suffix, q_at, resumed)
-                p, lg, k = metrics(hidden, answers[rows], rows)
-                restored[cells], logit[cells], kl[cells] = p, lg, k
-        outputs.append((ref, restored, logit, kl))
+        results = tuple(m[plan.example].clone() for m in corrupt)
+        _run_site(model, plan, site, source[site.ref.name], base, contexts, metrics, batch, results)
+        outputs.append((site.ref, *results))
+    _copy_results(plan, outputs)
+    return outputs, p_original, corrupt[0]
+
+
+def _run_site(model, plan, site, values, base, contexts, metrics, batch, results) -> None:
+    """Run one site's live cells, bucket by bucket and chunk by chunk, writing their
+    (p_restored, logit, kl) into `results`."""
+    ref, example, positions = site.ref, plan.example, plan.positions
+    query, answers = batch.positions["query"], batch.answers
+    if ref.short != "state":
+        values = values[example, positions]  # (P n, C), stacked like the cells
+    is_output = ref.short in AFTER_MIXER  # restarts at the next block, on its output
+    if ref.short != "block_output" and is_output and len(site.live):
+        values = _block_outputs(model, ref, values, site.live, plan, base)
+    residual = base[f"layers.{ref.layer}.{'block_output' if is_output else 'block_input'}"]
+    for start in site.starts.unique().tolist():
+        bucket = site.live[site.starts == start]
+        for first in range(0, len(bucket), plan.chunk):
+            cells = bucket[first : first + plan.chunk]
+            rows = example[cells]
+            at, q_at = positions[cells] - start, query[rows] - start
+            suffix = residual[rows, start:]
+            resumed = contexts.rows(start, site.first_block, rows) if start else None
+            if is_output:  # the next block reads exactly the patched output
+                index = (torch.arange(len(cells), device=at.device), at)
+                patched = suffix.index_put(index, values[cells])
+                hidden = hidden_at(model, site.first_block, patched, q_at, resumed)
+            else:
+                with model.intervene(patches={ref.name: (at, values[cells])}):
+                    hidden = hidden_at(model, site.first_block, suffix, q_at, resumed)
+            for column, value in zip(results, metrics(hidden, answers[rows], rows), strict=True):
+                column[cells] = value
+
+
+def _copy_results(plan: GridPlan, outputs: list) -> None:
+    """Fill the copied cells of each site from the site they copy (a site copies from a later
+    one, which may copy from one later still: last first)."""
     results = {out[0].name: out[1:] for out in outputs}
-    # A site copies from a later one, which may copy from one later still: last first.
     for site, (_, *mine) in reversed(list(zip(plan.sites, outputs, strict=True))):
         if site.copy_from is not None:
             for column, theirs in zip(mine, results[site.copy_from], strict=True):
                 column[site.copied] = theirs[site.copied]
-    return outputs, p_original, corrupt[0]
 
 
 def _block_outputs(model, ref, values: torch.Tensor, cells: torch.Tensor, plan, base: dict):
