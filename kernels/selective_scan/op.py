@@ -170,7 +170,7 @@ def selective_scan_fn(
             positions[b] of row b is replaced with values[b], and the scan goes on from it
             (the outputs after it, the last state and `states_at` from it on see the patch;
             the output at the position itself is the unpatched one). Without gradients
-            only; it runs the PyTorch path, on any device. Not with `out_at`.
+            only; it runs the PyTorch path, on any device.
         backend: "auto", "triton" or "torch"; None uses the process default (kernels.backend).
 
     Returns:
@@ -207,8 +207,6 @@ def selective_scan_fn(
 
 def _patched(a: ScanArgs, state_patch, states_at, out_at, return_last_state: bool) -> tuple:
     name = OP.public
-    if out_at is not None:
-        raise ValueError(f"{name}: state_patch and out_at cannot be given together")
     if needs_grad(a):
         raise ValueError(f"{name}: state_patch runs without gradients (torch.no_grad())")
     batch, channels, length = a.u.shape
@@ -222,10 +220,13 @@ def _patched(a: ScanArgs, state_patch, states_at, out_at, return_last_state: boo
             f"{name}: state_patch values must have shape {expected}, got "
             f"{tuple(getattr(values, 'shape', ()))}"
         )
-    read = None
+    read = out_position = None
     if states_at is not None:
         read = check_positions(name, states_at, batch, length, a.u.device)
-    out, last_state, states = OP.implementation("torch").forward_patched(a, at, values, read)
+    if out_at is not None:
+        out_position = one_per_row(name, "out_at", out_at, batch, length, a.u.device)
+    torch_path = OP.implementation("torch")
+    out, last_state, states = torch_path.forward_patched(a, at, values, read, out_position)
     outputs = [out] + [last_state] * return_last_state + ([states] if read is not None else [])
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
 

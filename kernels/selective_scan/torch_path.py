@@ -218,13 +218,18 @@ def forward_states_at(a: ScanArgs, at: torch.Tensor) -> tuple[torch.Tensor, ...]
 
 
 def forward_patched(
-    a: ScanArgs, positions: torch.Tensor, values: torch.Tensor, at: torch.Tensor | None
+    a: ScanArgs,
+    positions: torch.Tensor,
+    values: torch.Tensor,
+    at: torch.Tensor | None,
+    out_at: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(out, last_state, the states after positions at[b, :] or None) of the scan whose state
     after positions[b] (B,) is replaced with values[b] (B, D, N), without gradients: outputs
-    after it and the states from it on are the patched scan's, the output at it is not."""
+    after it and the states from it on are the patched scan's, the output at it is not. With
+    `out_at` (B,), out is (B, D, 1) at those positions (see `forward_out_at`)."""
     a = a._replace(save_checkpoints=False)
-    out, last_state, _, states = _forward(a, at, patch=(positions, values))
+    out, last_state, _, states = _forward(a, at, out_at, patch=(positions, values))
     return out, last_state, states
 
 
@@ -296,7 +301,7 @@ def _forward_rows(
     `at`: (rows, P) positions whose states to return as a fourth output (else None);
     `out_at`: (rows,) the one position of each row whose output to form (out (rows, D, 1));
     `patch`: (positions (rows,), values (rows, D, N)), the state after each row's position
-    replaced (see `forward_patched`; not with `out_at`)."""
+    replaced (see `forward_patched`)."""
     compute = compute_dtype(args.u)
     u, B, C, D, z, save = args.u, args.B, args.C, args.D, args.z, args.save_checkpoints
     batch, channels, length = u.shape
@@ -333,6 +338,11 @@ def _forward_rows(
                 t = out_at[rows]
                 C_at = C_c if C_c.dim() == 2 else C_c[t, rows][None]
                 y[0, rows] = _inner(hs[t - t0, rows][None], C_at, C)[0]
+            for i, (patched, _, kept) in replace.items():  # output and patch at one position
+                same = (out_at[patched] == t0 + i).nonzero()[:, 0]
+                if len(same):
+                    C_i = Ct if Ct.dim() == 2 else Ct[i, patched[same]][None]
+                    y[0, patched[same]] = _inner(kept[same][None], C_i, C)[0]
         if at is not None:  # the (row, j) pairs whose position lies in this chunk
             rows, j = ((at >= t0) & (at < t1)).nonzero(as_tuple=True)
             picked[rows, j] = hs[at[rows, j] - t0, rows]

@@ -218,7 +218,7 @@ class Mamba(nn.Module):
                 states_at=at,
             ) + ((None,) if at is None else ())
 
-        def patched(initial_state, positions, values, at):
+        def patched(initial_state, positions, values, read_at):
             return kernels.selective_scan_fn(
                 u,
                 delta,
@@ -231,15 +231,18 @@ class Mamba(nn.Module):
                 delta_softplus=True,
                 return_last_state=True,
                 initial_state=initial_state,
-                states_at=at,
+                states_at=read_at,
+                out_at=at,
                 state_patch=(positions, values),
-            ) + ((None,) if at is None else ())
+            ) + ((None,) if read_at is None else ())
 
         if self.state.active:
             y, ssm_out = self.state.scan(
                 run_scan, carry, length, batch, -1, initial_state=ssm_in, patched=patched
             )
-            y = pick(y.transpose(1, 2), at)
+            y = y.transpose(1, 2)  # (the patched scan reads out at `at` alone)
+            if at is not None and y.shape[1] != 1:
+                y = pick(y, at)
         else:  # with `at`, the scan forms the outputs there alone: (B, D, 1)
             y, ssm_out, _ = run_scan(ssm_in, out_at=at)
             y = y.transpose(1, 2)

@@ -132,6 +132,10 @@ def test_selective_scan_state_patch_equals_a_scan_cut_there(monkeypatch, layout,
                 torch.testing.assert_close(last[row], rest_last[0], atol=1e-5, rtol=1e-5)
             else:
                 torch.testing.assert_close(last[row], values[row])
+        # Read out at one position per row (one of them the patched position itself).
+        out_at = torch.tensor([3, 7, 12])
+        picked = selective_scan_fn(**x, out_at=out_at, state_patch=(positions, values))
+        torch.testing.assert_close(picked[..., 0], out[torch.arange(3), :, out_at])
         with pytest.raises(ValueError, match=r"state_patch values must have shape \(3, 6, 4\)"):
             selective_scan_fn(**x, state_patch=(positions, values[:, :, :2]))
         with pytest.raises(ValueError, match=r"state_patch positions must lie in \[0, 12\]"):
