@@ -236,7 +236,7 @@ def _out_at(a: ScanArgs, out_at, return_last_state: bool, states_at, backend: st
         raise ValueError(f"{OP.public}: out_at and states_at cannot be given together")
     batch = a.u.shape[0]
     at = one_per_row(OP.public, "out_at", out_at, batch, a.u.shape[-1], a.u.device)
-    if a.u.device.type == "cpu" and backend == "torch" and not needs_grad(a):
+    if backend == "torch" and OP.runs_plain(a):
         out, last_state = OP.implementation("torch").forward_out_at(a, at)
     else:
         out, last_state, _ = OP(a._replace(save_checkpoints=needs_grad(a)), backend)
