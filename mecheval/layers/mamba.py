@@ -180,11 +180,8 @@ class Mamba(nn.Module):
         A = -torch.exp(self.A_log.float())
         D, delta_bias = self.D.float(), self.dt_proj.bias.float()
 
-        def run_scan(
-            initial_state: torch.Tensor | None,
-            at: torch.Tensor | None = None,
-            out_at: torch.Tensor | None = None,
-        ):
+        def scan(initial_state: torch.Tensor | None, reads: torch.Tensor | None, **keywords):
+            # (outputs, last state, the states at `reads` or None), as StateSite wants them
             return kernels.selective_scan_fn(
                 u,
                 delta,
@@ -197,9 +194,12 @@ class Mamba(nn.Module):
                 delta_softplus=True,
                 return_last_state=True,
                 initial_state=initial_state,
-                states_at=at,
-                out_at=out_at,
-            ) + ((None,) if at is None else ())
+                states_at=reads,
+                **keywords,
+            ) + ((None,) if reads is None else ())
+
+        def run_scan(initial_state, reads=None, out_at=None):
+            return scan(initial_state, reads, out_at=out_at)
 
         def carry(jump: torch.Tensor, after: torch.Tensor, at: torch.Tensor | None):
             # No inputs (u = 0) and no decay (dt = 0) where `after` is False: the jump waits
@@ -218,23 +218,8 @@ class Mamba(nn.Module):
                 states_at=at,
             ) + ((None,) if at is None else ())
 
-        def patched(initial_state, positions, values, read_at):
-            return kernels.selective_scan_fn(
-                u,
-                delta,
-                A,
-                B,
-                C,
-                D,
-                z=z,
-                delta_bias=delta_bias,
-                delta_softplus=True,
-                return_last_state=True,
-                initial_state=initial_state,
-                states_at=read_at,
-                out_at=at,
-                state_patch=(positions, values),
-            ) + ((None,) if read_at is None else ())
+        def patched(initial_state, positions, values, reads):
+            return scan(initial_state, reads, out_at=at, state_patch=(positions, values))
 
         if self.state.active:
             y, ssm_out = self.state.scan(
