@@ -96,12 +96,9 @@ def forward_inference(args: DeltaArgs) -> tuple[torch.Tensor, torch.Tensor | Non
     start states are not copied into a saved buffer (a zero one is left out)."""
     qc, kc, u, starts, _, state = _recurrence(args, save=False)
     o = (qc @ kc.transpose(-1, -2)).tril() @ u  # (n, B, H, C, V)
-    if len(starts) == 1:
-        if starts[0] is not None:
-            o += qc @ starts[0][None]
-    else:  # only the first chunk's start may be zero
-        first = torch.zeros_like(starts[1]) if starts[0] is None else starts[0]
-        o += qc @ torch.stack([first, *starts[1:]])
+    h = _stacked(starts)
+    if h is not None:
+        o += qc @ h
     o = _from_chunks(o, args.q.shape[1]).to(args.q.dtype).contiguous()
     return o, (state if args.output_final_state else None)
 
@@ -118,14 +115,19 @@ def forward_out_at(args: DeltaArgs, at: torch.Tensor) -> tuple[torch.Tensor, ...
     scores = q_at @ pick(kc).transpose(-1, -2)  # (B, H, 1, C)
     later = torch.arange(chunk, device=at.device) > j[:, None]  # (B, C): written after t
     o = scores.masked_fill(later[:, None, None, :], 0.0) @ pick(u)  # (B, H, 1, V)
-    if qc.shape[0] == 1:
-        start = starts[0]
-    else:  # only the first chunk's start may be zero
-        first = torch.zeros_like(starts[1]) if starts[0] is None else starts[0]
-        start = torch.stack([first, *starts[1:]])[c, rows]
-    if start is not None:
-        o = o + q_at @ start
+    h = _stacked(starts)
+    if h is not None:
+        o = o + q_at @ pick(h)
     return o.transpose(1, 2).to(args.q.dtype), (state if args.output_final_state else None)
+
+
+def _stacked(starts: list) -> torch.Tensor | None:
+    """The chunks' start states as one (n, B, H, K, V) tensor (a view for one chunk), None
+    for a single zero one; only the first chunk's start may be zero (None)."""
+    if len(starts) == 1:
+        return None if starts[0] is None else starts[0][None]
+    first = torch.zeros_like(starts[1]) if starts[0] is None else starts[0]
+    return torch.stack([first, *starts[1:]])
 
 
 def _recurrence(args: DeltaArgs, save: bool = True) -> tuple[torch.Tensor, ...]:
