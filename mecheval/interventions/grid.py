@@ -18,6 +18,8 @@ they are chunked; `interchange_grid` runs that plan. How it is fast, and still e
   query) is not run: its result is the corrupted run's, exactly; nor is a cell whose patch is
   the identity: before its document's first corrupted token (the documents agree there), or at
   a token-local site of the first block where both documents hold the same token;
+- a patch of the first block's input at the one position where the documents differ gives
+  the corrupted run the original's whole input: its results are the clean run's;
 - a patch of a block's output restarts at the next block, which reads exactly that tensor;
 - cells that equal a later site's copy its results: a block's output is the next block's
   input, and in the last block, before the query, the block's input, the mixer's input and
@@ -317,13 +319,16 @@ def _run(model, plan: GridPlan, batch: Batch, base_tokens: torch.Tensor, progres
     corrupt_hidden, base, at_point = _base_run(model, model.embed(base_tokens), query, reads, plan)
 
     metrics = Metrics.of(model, clean)
-    p_original = metrics(clean, answers, None)[0]
+    restored = metrics(clean, answers, None)
+    p_original = restored[0]
     corrupt = metrics(corrupt_hidden, answers, None)
     contexts = _Contexts(at_point, len(batch), plan.memory_budget // 4)
     outputs = []
     for site in tqdm(plan.sites, disable=not progress, desc="interchange grid", unit="site"):
         # Cells that do not run keep the corrupted run's results.
         results = tuple(m[plan.example].clone() for m in corrupt)
+        for column, clean_column in zip(results, restored, strict=True):  # the clean run's
+            column[site.restored] = clean_column[plan.example[site.restored]]
         _run_site(model, plan, site, source[site.ref.name], base, contexts, metrics, batch, results)
         outputs.append((site.ref, *results))
     _copy_results(plan, outputs)

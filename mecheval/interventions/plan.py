@@ -16,6 +16,9 @@ position positions[i]. What a plan prunes and reuses:
   whose value at a position depends on the token there alone: the first block's input, its
   normalised input, its mixer's input projections; `model.token_local_sites()`) at a position
   where the two documents hold the same token (`same_token`);
+- a cell of the first block's input at the one position where its document and the
+  corruption differ gives the corrupted run the original's whole input: its results are the
+  clean run's (`restored`, `only_difference`);
 - cells of one site that equal those of a later one copy their results (`copied`): a block's
   output is the next block's input; in the last block, before the query, the block's input,
   its normalised input and its mixer's `reach_site` change the query's logits alike
@@ -105,6 +108,15 @@ def before_corruption(
     return positions < first[example]
 
 
+def only_difference(
+    positions: torch.Tensor, tokens: torch.Tensor, corrupted: torch.Tensor, example: torch.Tensor
+) -> torch.Tensor:
+    """Cells at the one position where their document and its corruption differ (patching the
+    first block's input there gives the corrupted run the original document's input)."""
+    differs = tokens != corrupted
+    return (differs.sum(1) == 1)[example] & differs[example, positions]
+
+
 def same_token(
     positions: torch.Tensor, tokens: torch.Tensor, corrupted: torch.Tensor, example: torch.Tensor
 ) -> torch.Tensor:
@@ -139,14 +151,16 @@ def _resume_points(model, positions: torch.Tensor, needed: int, n: int, budget: 
 @dataclass(frozen=True)
 class SiteCells:
     """The cells of one site: those that run (`live`, indices into the stacked cells), the
-    block their patched forwards start at, each live cell's resume point, and the cells whose
-    results are those of site `copy_from` (`copied`, empty when None)."""
+    block their patched forwards start at, each live cell's resume point, the cells whose
+    results are those of site `copy_from` (`copied`, empty when None), and those whose results
+    are the clean run's (`restored`)."""
 
     ref: SiteRef
     first_block: int
     live: torch.Tensor
     starts: torch.Tensor
     copied: torch.Tensor
+    restored: torch.Tensor
     copy_from: str | None = None
 
 
@@ -178,6 +192,7 @@ class GridPlan:
                     "cells": len(self.positions),
                     "run": len(s.live),
                     "copied": len(s.copied),
+                    "restored": len(s.restored),
                     "first_block": s.first_block,
                     "forwards": forwards,
                     "positions_run": int(sum(self.needed - p for p in starts)),
@@ -221,11 +236,12 @@ def plan_grid(
     if model.can_resume(0):
         points = _resume_points(model, all_positions, needed, n, memory_budget)
     reach = model.query_reach()
-    identity = local_identity = torch.zeros_like(all_positions, dtype=torch.bool)
+    identity = local_identity = restores = torch.zeros_like(all_positions, dtype=torch.bool)
     if corrupted is not None:
         corrupted = torch.as_tensor(corrupted, device=device)
         identity = before_corruption(all_positions, batch.tokens, corrupted, example)
         local_identity = identity | same_token(all_positions, batch.tokens, corrupted, example)
+        restores = only_difference(all_positions, batch.tokens, corrupted, example)
     token_local = set(model.token_local_sites())
     refs = select_sites(model, layers, sites)
     runs = {}  # site name -> the cells that change its query's logits
@@ -244,12 +260,18 @@ def plan_grid(
         elif ref.short == "block_output" and next_input in runs:  # the same tensor
             copy_from = next_input
             copied = runs[ref.name] & runs[copy_from]
-        live = (runs[ref.name] & ~copied).nonzero()[:, 0]
+        clean = torch.zeros_like(before_query)
+        if ref.name == "layers.0.block_input":  # the whole input is then the clean one
+            clean = runs[ref.name] & restores
+            copied &= ~clean
+        live = (runs[ref.name] & ~copied & ~clean).nonzero()[:, 0]
+        restored = clean.nonzero()[:, 0]
         starts = torch.zeros_like(live)
         if points:
             table = torch.tensor(points, device=device)
             starts = table[torch.searchsorted(table, all_positions[live], right=True) - 1]
         first = ref.layer + 1 if ref.short in AFTER_MIXER else ref.layer
-        plans.append(SiteCells(ref, first, live, starts, copied.nonzero()[:, 0], copy_from))
+        copied = copied.nonzero()[:, 0]
+        plans.append(SiteCells(ref, first, live, starts, copied, restored, copy_from))
     chunk = max(1, memory_budget // _bytes_per_row(model, length))
     return GridPlan(labels, all_positions, example, needed, points, chunk, plans, memory_budget)

@@ -49,7 +49,8 @@ def test_cells_the_plan_skips_keep_the_corrupted_result():
     for site in plan.sites:
         rows = table[(table["layer"] == site.ref.layer) & (table["site"] == site.ref.short)]
         skipped = np.ones(len(rows), dtype=bool)
-        skipped[site.live.numpy()] = skipped[site.copied.numpy()] = False
+        for cells in (site.live, site.copied, site.restored):
+            skipped[cells.numpy()] = False
         part = rows.iloc[np.flatnonzero(skipped)]
         np.testing.assert_array_equal(part["p_restored"], part["p_corrupted"])
 
@@ -132,9 +133,30 @@ def test_token_local_cells_where_the_documents_agree_are_not_run(arch):
             atol=1e-7,
             err_msg=site.ref.name,
         )
-        # The cells at the corrupted key itself are still run.
-        assert len(site.live) > 0
+        # The cells at the corrupted key itself are still run (or restore the clean run).
+        assert len(site.live) + len(site.restored) > 0
     assert any(s.ref.name in local for s in plan.sites)
+
+
+@pytest.mark.parametrize("arch", ["mamba", "attention"])
+def test_the_first_blocks_input_at_the_only_difference_restores_the_clean_run(arch):
+    """Each document differs from its corruption at the key alone: patching the first block's
+    input there gives the corrupted run the original's whole input. The plan runs none of
+    those cells and the grid gives them the clean run's results, as the per-cell loop (the
+    oracle) finds them."""
+    model, batch, corrupted = _setup(arch)
+    assert ((batch.tokens != corrupted).sum(1) == 1).all()
+    plan = plan_grid(model, batch, layers=0, sites="block_input", corrupted=corrupted)
+    (site,) = plan.sites
+    key = plan.positions == batch.positions["key"][plan.example]
+    assert len(site.live) == 0 and sorted(site.restored.tolist()) == key.nonzero()[:, 0].tolist()
+    loop = per_cell_loop(model, batch, corrupted, layers=0, sites="block_input")
+    grid = interchange_grid(model, batch, corrupted, layers=0, sites="block_input")
+    restored = loop[key.numpy()]
+    np.testing.assert_allclose(restored["p_restored"], restored["p_original"], rtol=1e-5)
+    np.testing.assert_allclose(restored["kl"], 0.0, atol=1e-6)
+    for column in ("p_restored", "logit_restored", "kl"):
+        np.testing.assert_allclose(grid[column], loop[column], rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("arch", ["mamba", "hyena", "base_conv", "deltanet"])
