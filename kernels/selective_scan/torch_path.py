@@ -170,19 +170,21 @@ def _scan_chunk(
     A_log2: torch.Tensor,
     Bc: torch.Tensor,
     B: torch.Tensor,
-    h0: torch.Tensor,
+    h0: torch.Tensor | None,
     a: torch.Tensor,
     h: torch.Tensor,
     replace: dict | None = None,
 ) -> None:
     """Decays a = exp(dt A) and states h of one chunk, both (T, B, D, N), written into the given
-    buffers (reused across chunks: large fresh allocations cost page faults on CPU). A_log2 is
-    A log2(e): exp2 is about 2.5x faster than exp on CPU, and the decay is the scan's costliest
-    step. `replace`: states patched within the chunk (see `_replace`)."""
+    buffers (reused across chunks: large fresh allocations cost page faults on CPU), from the
+    state h0 before the chunk (None: zero). A_log2 is A log2(e): exp2 is about 2.5x faster than
+    exp on CPU, and the decay is the scan's costliest step. `replace`: states patched within
+    the chunk (see `_replace`)."""
     torch.mul(dt[..., None], A_log2, out=a)
     a.exp2_()
     _outer(dt * u, Bc, B, h)  # dt * B * u, turned into the states in place
-    h[0].addcmul_(a[0], h0)
+    if h0 is not None:
+        h[0].addcmul_(a[0], h0)
     _replace(h, 0, replace)
     for i in range(1, h.shape[0]):
         h[i].addcmul_(a[i], h[i - 1])
@@ -312,9 +314,10 @@ def _forward_rows(
 
     n_chunks = (length + T - 1) // T
     checkpoints = u.new_empty(n_chunks if save else 0, batch, channels, N, dtype=compute)
-    state = u.new_zeros(batch, channels, N, dtype=compute)  # entering the current chunk
-    if args.initial_state is not None:
-        state.copy_(args.initial_state)
+    # The state entering the current chunk, None for zero; read, never written: the carry
+    # between chunks goes through its own buffer.
+    state = None if args.initial_state is None else args.initial_state.to(compute)
+    carried = None
     y = u.new_empty(1 if out_at is not None else length, batch, channels, dtype=compute)
     a_buf, h_buf = _chunk_buffers(2, T, u, N, compute)
     picked = None if at is None else u.new_empty(*at.shape, channels, N, dtype=compute)
@@ -323,7 +326,7 @@ def _forward_rows(
         t0, t1 = c * T, min(length, (c + 1) * T)
         a, hs = a_buf[: t1 - t0], h_buf[: t1 - t0]
         if save:
-            checkpoints[c].copy_(state)
+            checkpoints[c].zero_() if state is None else checkpoints[c].copy_(state)
         replace = {t - t0: r for t, r in patched_at.items() if t0 <= t < t1}
         Bt, Ct = _chunk(B_c, t0, t1), _chunk(C_c, t0, t1)
         _scan_chunk(dt_t[t0:t1], u_t[t0:t1], A_log2, Bt, B, state, a, hs, replace)
@@ -346,8 +349,11 @@ def _forward_rows(
         if at is not None:  # the (row, j) pairs whose position lies in this chunk
             rows, j = ((at >= t0) & (at < t1)).nonzero(as_tuple=True)
             picked[rows, j] = hs[at[rows, j] - t0, rows]
-        state.copy_(hs[-1])  # the buffers are overwritten by the next chunk
-    last_state = state
+        if c < n_chunks - 1:  # the buffers are overwritten by the next chunk
+            carried = torch.empty_like(hs[-1]) if carried is None else carried
+            state = carried.copy_(hs[-1])
+    # (a chunk of one position is the last state itself: no copy, no larger buffer held)
+    last_state = hs[-1] if hs.shape[0] == 1 else hs[-1].clone()
 
     if out_at is not None:  # (rows, D, 1) at each row's position
         rows = torch.arange(batch, device=u.device)
