@@ -105,16 +105,12 @@ def _outer(w: torch.Tensor, Xc: torch.Tensor, X: torch.Tensor, out: torch.Tensor
     return out
 
 
-def _inner(
-    states: torch.Tensor, Xc: torch.Tensor, X: torch.Tensor, scratch: torch.Tensor | None = None
-) -> torch.Tensor:
-    """sum_n states * X: (T, B, D). `scratch`: a free buffer of the states' shape; with one, a
-    (B, N, L) X is multiplied in and summed by one matrix-vector product (about 3x faster on
-    CPU than the batched (D, N) x (N, 1) products)."""
+def _inner(states: torch.Tensor, Xc: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """sum_n states * X: (T, B, D). For a (B, N, L) X, one batched (D, N) x (N, 1) product per
+    position and row (reads the states once: on CPU with torch 2.13, 5-10% off a whole scan
+    against a multiply into a buffer and a matrix-vector product)."""
     if X.dim() == 2:
         return _sum_last(states * Xc)
-    if X.dim() == 3 and scratch is not None:
-        return _sum_last(torch.mul(states, Xc[:, :, None, :], out=scratch))
     if X.dim() == 3:
         return (states @ Xc[..., None]).squeeze(-1)
     T, batch, channels, N = states.shape
@@ -331,7 +327,7 @@ def _forward_rows(
         Bt, Ct = _chunk(B_c, t0, t1), _chunk(C_c, t0, t1)
         _scan_chunk(dt_t[t0:t1], u_t[t0:t1], A_log2, Bt, B, state, a, hs, replace)
         if out_at is None:
-            y[t0:t1] = _inner(hs, Ct, C, scratch=a)  # a is done with
+            y[t0:t1] = _inner(hs, Ct, C)
             for i, (rows, _, kept) in replace.items():  # the output at p: unpatched states
                 C_i = Ct if Ct.dim() == 2 else Ct[i, rows][None]
                 y[t0 + i, rows] = _inner(kept[None], C_i, C)[0]
@@ -462,7 +458,7 @@ def _backward_rows(args: ScanArgs, dout, dlast, checkpoints, T: int) -> list:
         a, hs, dh = a_buf[: t1 - t0], h_buf[: t1 - t0], dh_buf[: t1 - t0]
         _scan_chunk(dt_c, u_c_t, A_log2, Bc, B, h0, a, hs)
         if z is not None:
-            y_t[t0:t1] = _inner(hs, Cc, C, scratch=dh)  # dh is written below
+            y_t[t0:t1] = _inner(hs, Cc, C)
         _add_grad(dC_t, _grad(g_c, hs, C), t0, t1)
 
         # The adjoint of the states, backwards through the chunk, from the later chunk's carry.
