@@ -22,8 +22,9 @@ they are chunked; `interchange_grid` runs that plan. How it is fast, and still e
   the corrupted run the original's whole input: its results are the clean run's;
 - a patch of a block's output restarts at the next block, which reads exactly that tensor;
 - cells that equal a later site's copy its results: a block's output is the next block's
-  input, and in the last block, before the query, the block's input, the mixer's input and
-  the mixer's `reach_site` change the query alike;
+  input; in the last block, before the query, the block's input, the mixer's input and
+  the mixer's `reach_site` change the query alike; in the first block, where the documents
+  hold the same token, a patch of the mixer's output gives the block's output the original's;
 - when every mixer from the restart layer on is resumable (every mixer of the zoo: see
   mecheval.layers.resume), a cell also restarts near its position: cells are bucketed by
   position, and a bucket starting at s runs only positions s.. from the base run's mixer

@@ -22,7 +22,10 @@ position positions[i]. What a plan prunes and reuses:
 - cells of one site that equal those of a later one copy their results (`copied`): a block's
   output is the next block's input; in the last block, before the query, the block's input,
   its normalised input and its mixer's `reach_site` change the query's logits alike
-  (`model.query_alike_sites()`), and the last of them the grid holds runs;
+  (`model.query_alike_sites()`), and the last of them the grid holds runs; in the first block,
+  where both documents hold the same token (its input, the residual, is then the same), a
+  patch of the mixer's output makes the block's output the original's, as a patch of the
+  block's output does;
 - a cell restarts at its site's block (the next one for block_output), and, when every mixer
   from there on resumes (mecheval.layers.resume), at the resume point at or before its
   position (`points`), from the base run's contexts there;
@@ -208,6 +211,24 @@ def check_batch(batch: Batch) -> None:
         raise ValueError("batch is empty: interchange_grid needs at least one document")
 
 
+def _copies(ref: SiteRef, runs: dict, alike: list, before_query, same) -> tuple:
+    """(the cells of `ref` whose results equal another site's, that site's name or None): see
+    the module docstring; `runs` maps each site of the grid to the cells that change its
+    query, `same` marks the cells whose position holds the same token in both documents."""
+    none = torch.zeros_like(before_query)
+    next_input = f"layers.{ref.layer + 1}.block_input"
+    if ref.name in alike[:-1]:
+        return runs[ref.name] & runs[alike[-1]] & before_query, alike[-1]
+    if ref.short == "block_output" and next_input in runs:  # the same tensor
+        return runs[ref.name] & runs[next_input], next_input
+    # The first block's input (its residual) is token-local: where the documents hold the
+    # same token, the patched mixer output makes the block's output the original's there.
+    output = "layers.0.block_output"
+    if ref.name == "layers.0.mixer_output" and output in runs:
+        return runs[ref.name] & runs[output] & same, output
+    return none, None
+
+
 def plan_grid(
     model,
     batch: Batch,
@@ -236,12 +257,13 @@ def plan_grid(
     if model.can_resume(0):
         points = _resume_points(model, all_positions, needed, n, memory_budget)
     reach = model.query_reach()
-    identity = local_identity = restores = torch.zeros_like(all_positions, dtype=torch.bool)
+    identity = same = restores = torch.zeros_like(all_positions, dtype=torch.bool)
     if corrupted is not None:
         corrupted = torch.as_tensor(corrupted, device=device)
         identity = before_corruption(all_positions, batch.tokens, corrupted, example)
-        local_identity = identity | same_token(all_positions, batch.tokens, corrupted, example)
+        same = same_token(all_positions, batch.tokens, corrupted, example)
         restores = only_difference(all_positions, batch.tokens, corrupted, example)
+    local_identity = identity | same
     token_local = set(model.token_local_sites())
     refs = select_sites(model, layers, sites)
     runs = {}  # site name -> the cells that change its query's logits
@@ -252,14 +274,7 @@ def plan_grid(
     before_query = all_positions < query[example]
     plans = []
     for ref in refs:
-        copied, copy_from = torch.zeros_like(before_query), None
-        next_input = f"layers.{ref.layer + 1}.block_input"
-        if ref.name in alike[:-1]:
-            copy_from = alike[-1]
-            copied = runs[ref.name] & runs[copy_from] & before_query
-        elif ref.short == "block_output" and next_input in runs:  # the same tensor
-            copy_from = next_input
-            copied = runs[ref.name] & runs[copy_from]
+        copied, copy_from = _copies(ref, runs, alike, before_query, same)
         clean = torch.zeros_like(before_query)
         if ref.name == "layers.0.block_input":  # the whole input is then the clean one
             clean = runs[ref.name] & restores

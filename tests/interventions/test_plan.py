@@ -184,6 +184,29 @@ def test_query_alike_sites_restore_alike_before_the_query(arch):
     assert copied[shorts[-1]] == 0 and all(copied[short] > 0 for short in shorts[:-1])
 
 
+@pytest.mark.parametrize("arch", ["mamba", "attention", "based"])
+def test_the_first_mixers_output_where_the_tokens_agree_restores_as_the_blocks_output(arch):
+    """Where both documents hold the same token the first block's residual is the same: the
+    per-cell loop (the oracle) finds patches of its mixer's output there restore what patches
+    of its output do; the plan copies those cells from the block's output."""
+    model, batch, corrupted = _setup(arch)
+    shorts = ["mixer_output", "block_output"]
+    loop = per_cell_loop(model, batch, corrupted, layers=0, sites=shorts, positions=["all"])
+    where = loop["position_index"].to_numpy(), loop["example"].to_numpy()
+    same = (batch.tokens == corrupted).numpy()[where[1], where[0]]
+    per_site = loop[same].pivot_table(
+        index=["example", "position_index"], columns="site", values="p_restored"
+    )
+    np.testing.assert_allclose(per_site[shorts[0]], per_site[shorts[1]], rtol=1e-5, atol=1e-7)
+    plan = plan_grid(model, batch, layers=0, sites=shorts, positions=["all"], corrupted=corrupted)
+    mixer = plan.sites[0]
+    assert mixer.copy_from == "layers.0.block_output" and len(mixer.copied) > 0
+    same_cells = (
+        batch.tokens[plan.example, plan.positions] == corrupted[plan.example, plan.positions]
+    )
+    assert same_cells[mixer.copied].all() and not same_cells[mixer.live].any()
+
+
 READOUT = {
     "deltanet": {"q_conv_input": 4, "q_conv_output": 1},
     "gated_deltanet": {"q_conv_input": 4, "q_conv_output": 1},
