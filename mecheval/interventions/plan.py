@@ -15,7 +15,9 @@ position positions[i]. What a plan prunes and reuses:
   the patch is the identity (`before_corruption`); nor is a cell of a token-local site (one
   whose value at a position depends on the token there alone: the first block's input, its
   normalised input, its mixer's input projections; `model.token_local_sites()`) at a position
-  where the two documents hold the same token (`same_token`);
+  where the two documents hold the same token (`same_token`), nor of a window-local site (a
+  short convolution's output: `model.window_local_sites()`) where they hold the same tokens
+  over its window (`same_window`);
 - a cell of the first block's input at the one position where its document and the
   corruption differ gives the corrupted run the original's whole input: its results are the
   clean run's (`restored`, `only_difference`);
@@ -109,6 +111,22 @@ def before_corruption(
     length = tokens.shape[1]
     first = torch.where(differs.any(1), differs.int().argmax(1), length)
     return positions < first[example]
+
+
+def same_window(
+    positions: torch.Tensor,
+    tokens: torch.Tensor,
+    corrupted: torch.Tensor,
+    example: torch.Tensor,
+    width: int,
+) -> torch.Tensor:
+    """Cells whose document holds the same tokens in both documents at their position and the
+    width - 1 before it (a window-local site has the same value there in both runs)."""
+    differs = (tokens != corrupted).int()
+    before = torch.nn.functional.pad(differs.cumsum(1), (1, 0))  # differences before t
+    end = positions + 1
+    start = (end - width).clamp(min=0)
+    return before[example, end] == before[example, start]
 
 
 def only_difference(
@@ -265,11 +283,16 @@ def plan_grid(
         restores = only_difference(all_positions, batch.tokens, corrupted, example)
     local_identity = identity | same
     token_local = set(model.token_local_sites())
+    windows = model.window_local_sites() if corrupted is not None else {}
     refs = select_sites(model, layers, sites)
     runs = {}  # site name -> the cells that change its query's logits
     for ref in refs:
         reaches = reaches_query(ref, all_positions, query[example], reach)
-        runs[ref.name] = reaches & ~(local_identity if ref.name in token_local else identity)
+        skip = local_identity if ref.name in token_local else identity
+        if ref.name in windows:
+            tokens, width = batch.tokens, windows[ref.name]
+            skip = identity | same_window(all_positions, tokens, corrupted, example, width)
+        runs[ref.name] = reaches & ~skip
     alike = [name for name in model.query_alike_sites() if name in runs]
     before_query = all_positions < query[example]
     plans = []

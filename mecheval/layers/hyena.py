@@ -63,6 +63,12 @@ class Hyena(nn.Module):
     resumable = True
     local_sites = ("conv_input",)  # see mecheval.layers.sites: in_proj of one position
     reach_site = "conv_input"  # (see there) the mixer's input is read by in_proj alone
+
+    @property
+    def window_sites(self) -> dict[str, int]:
+        """See mecheval.layers.sites: the short filter's output reads its width of inputs."""
+        return {"conv_output": self.short_filter.kernel_size[0]}
+
     readout_sites = {"long_conv_output": 1}  # (see there) gated by x2 at its position
 
     reads_out_at = True  # see mecheval.layers.resume

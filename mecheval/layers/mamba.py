@@ -138,6 +138,11 @@ class Mamba(nn.Module):
         return ("conv_input",) if self.use_conv else ()
 
     @property
+    def window_sites(self) -> dict[str, int]:
+        """See mecheval.layers.sites: the conv's output reads d_conv inputs."""
+        return {"conv_output": self.d_conv} if self.use_conv else {}
+
+    @property
     def reach_site(self) -> str | None:
         """See mecheval.layers.sites: the input reaches other positions through x alone (z
         gates its own position)."""

@@ -23,6 +23,13 @@ class ShortConvQKV(nn.Module):
         return ("q_conv_input", "k_conv_input", "v_conv_input") if self.use_short_conv else ()
 
     @property
+    def window_sites(self) -> dict[str, int]:
+        """See mecheval.layers.sites: each conv's output reads conv_size inputs."""
+        if not self.use_short_conv:
+            return {}
+        return {f"{x}_conv_output": self.conv_size for x in "qkv"}
+
+    @property
     def readout_sites(self) -> dict[str, int]:
         """See mecheval.layers.sites: q reads the state out at its own position alone (through
         its conv: at the conv's width of positions)."""

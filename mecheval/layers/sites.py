@@ -21,6 +21,11 @@ sequence mixing). In the first block such a site sees one token alone, so where 
 agree on that token it holds the same value in both: the interchange grid knows a patch there
 is the identity without running it (mecheval.interventions.plan).
 
+A mixer lists in `window_sites` (a dict, empty by default) its sites whose value at a position
+is a function of its input at that position and the n - 1 before it alone (n the entry: a short
+convolution's output). In the first block, where two documents agree on those n tokens, a
+patch there is the identity too.
+
 A mixer names in `reach_site` (None by default) the site through which alone its input at a
 position reaches its output at other positions (the rest of its input acts at that position
 only, e.g. Mamba's gate z). In the last block, at a position before the query, a patch of the

@@ -279,6 +279,14 @@ class LanguageModel(nn.Module):
         local = ["block_input", "mixer_input", *getattr(mixer, "local_sites", ())]
         return [f"layers.0.{short}" for short in local if f"layers.0.{short}" in self._sites]
 
+    def window_local_sites(self) -> dict[str, int]:
+        """Sites of the first block whose value at a position depends on the tokens at it and
+        the n - 1 before it alone (n the entry): its mixer's `window_sites` (see
+        mecheval.layers.sites)."""
+        windows = getattr(self.layers[0].mixer, "window_sites", {})
+        names = {f"layers.0.{short}": n for short, n in windows.items()}
+        return {name: n for name, n in names.items() if name in self._sites}
+
     def query_alike_sites(self) -> list[str]:
         """Sites of the last block whose patches at a position before the query change the
         logits there alike: the block's input (its residual at that position reaches no

@@ -159,6 +159,46 @@ def test_the_first_blocks_input_at_the_only_difference_restores_the_clean_run(ar
         np.testing.assert_allclose(grid[column], loop[column], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("arch", ["mamba", "hyena", "deltanet", "gated_deltanet"])
+def test_window_local_sites_depend_on_their_window_alone(arch):
+    """What `window_local_sites()` declares, checked on the model itself: two documents that
+    differ at one position hold the same values at those sites everywhere but the window of
+    positions after it; the plan runs none of those cells, and the per-cell loop (the
+    oracle) finds that they restore nothing."""
+    model, batch, corrupted = _setup(arch)
+    windows = model.window_local_sites()
+    assert windows and all(n > 1 for n in windows.values())
+    changed, at = batch.tokens.clone(), 5
+    changed[:, at] = (changed[:, at] + 1 - 3) % (TASK.vocab_size - 3) + 3
+    with torch.no_grad():
+        with model.intervene(reads=dict.fromkeys(windows)) as first:
+            model(batch.tokens)
+        with model.intervene(reads=dict.fromkeys(windows)) as second:
+            model(changed)
+    for name, n in windows.items():
+        others = [p for p in range(batch.tokens.shape[1]) if not at <= p < at + n]
+        torch.testing.assert_close(first[name][:, others], second[name][:, others], msg=name)
+        assert not torch.equal(first[name][:, at + n - 1], second[name][:, at + n - 1]), name
+    plan = plan_grid(model, batch, layers=0, positions=["all"], corrupted=corrupted)
+    loop = per_cell_loop(model, batch, corrupted, layers=0, positions=["all"])
+    key = batch.positions["key"][plan.example]
+    for site in plan.sites:
+        if site.ref.name not in windows:
+            continue
+        n = windows[site.ref.name]
+        inside = (plan.positions >= key) & (plan.positions < key + n)
+        assert not (~inside)[site.live].any(), site.ref.name
+        rows = loop[loop["site"] == site.ref.short]
+        outside = (~inside).numpy()
+        np.testing.assert_allclose(
+            rows["p_restored"].to_numpy()[outside],
+            rows["p_corrupted"].to_numpy()[outside],
+            rtol=1e-5,
+            atol=1e-7,
+            err_msg=site.ref.name,
+        )
+
+
 @pytest.mark.parametrize("arch", ["mamba", "hyena", "base_conv", "deltanet"])
 def test_query_alike_sites_restore_alike_before_the_query(arch):
     """What `query_alike_sites()` declares, checked by the per-cell loop (the oracle): in the
