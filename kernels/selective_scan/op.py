@@ -163,7 +163,9 @@ def selective_scan_fn(
             Without gradients it runs the PyTorch path, on any device (the Triton kernels keep
             the state on chip); when a gradient is needed, one call per position (slow, exact).
         out_at: (ours) optional (B,) integer positions: out is then (B, D, 1), the output at
-            out_at[b] of each row b alone (a model's last layer, read out at the query).
+            out_at[b] of each row b alone (a model's last layer, read out at the query); with
+            `states_at` too, those states come along (from the PyTorch path, as `states_at`
+            alone).
             Without gradients the PyTorch path forms only those outputs (every state still
             runs); otherwise the whole output is computed and picked. Not with `states_at`.
         state_patch: (ours) optional (positions (B,), values (B, D, N)): the state after
@@ -232,10 +234,17 @@ def _patched(a: ScanArgs, state_patch, states_at, out_at, return_last_state: boo
 
 
 def _out_at(a: ScanArgs, out_at, return_last_state: bool, states_at, backend: str) -> tuple:
-    if states_at is not None:
-        raise ValueError(f"{OP.public}: out_at and states_at cannot be given together")
     batch = a.u.shape[0]
     at = one_per_row(OP.public, "out_at", out_at, batch, a.u.shape[-1], a.u.device)
+    if states_at is not None:  # the outputs at `at` and the states at `read`
+        read = check_positions(OP.public, states_at, batch, a.u.shape[-1], a.u.device)
+        if needs_grad(a):
+            out, last_state, states = _states_by_steps(a, backend)
+            rows = torch.arange(batch, device=at.device)
+            out, states = out[rows, :, at][..., None], states[rows[:, None], read]
+        else:
+            out, last_state, states = OP.implementation("torch").forward_states_at(a, read, at)
+        return (out, last_state, states) if return_last_state else (out, states)
     if backend == "torch" and OP.runs_plain(a):
         out, last_state = OP.implementation("torch").forward_out_at(a, at)
     else:

@@ -208,10 +208,13 @@ def forward(a: ScanArgs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return out, last_state, checkpoints
 
 
-def forward_states_at(a: ScanArgs, at: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def forward_states_at(
+    a: ScanArgs, at: torch.Tensor, out_at: torch.Tensor | None = None
+) -> tuple[torch.Tensor, ...]:
     """(out, last_state, the states after positions at[b, :] of each row b (B, P, D, N) in the
-    compute dtype), without gradients: each chunk of the scan picks the states it computes."""
-    out, last_state, _, states = _forward(a._replace(save_checkpoints=False), at)
+    compute dtype), without gradients: each chunk of the scan picks the states it computes.
+    With `out_at` (B,), out is (B, D, 1) at those positions (see `forward_out_at`)."""
+    out, last_state, _, states = _forward(a._replace(save_checkpoints=False), at, out_at)
     return out, last_state, states
 
 
@@ -243,6 +246,10 @@ def _forward(a: ScanArgs, at: torch.Tensor | None, out_at: torch.Tensor | None =
     N = a.A.shape[1]
     T = chunk_length(batch, channels, N, length)
     pick = lambda x, rows: None if x is None else x[rows]  # noqa: E731
+    # The states asked for, written by each tile into its rows (no concatenation after).
+    states = None
+    if at is not None:
+        states = a.u.new_empty(*at.shape, channels, N, dtype=compute_dtype(a.u))
     parts = [
         _forward_rows(
             _rows_of(a, rows),
@@ -250,16 +257,16 @@ def _forward(a: ScanArgs, at: torch.Tensor | None, out_at: torch.Tensor | None =
             pick(at, rows),
             pick(out_at, rows),
             None if patch is None else (patch[0][rows], patch[1][rows]),
+            pick(states, rows),
         )
         for rows in _tiles(batch, channels, N, length)
     ]
     if len(parts) == 1:
-        out, last_state, checkpoints, states = parts[0]
+        out, last_state, checkpoints, _ = parts[0]
     else:
         out = torch.cat([p[0] for p in parts])
         last_state = torch.cat([p[1] for p in parts])
         checkpoints = torch.cat([p[2] for p in parts], dim=1)
-        states = None if at is None else torch.cat([p[3] for p in parts])
     if out_at is not None:  # (B, D, 1): no layout of u to match
         return out.to(a.u.dtype), last_state, checkpoints, states
     return match_layout(out, a.u, a.u.dtype), last_state, checkpoints, states
@@ -294,12 +301,14 @@ def _forward_rows(
     at: torch.Tensor | None = None,
     out_at: torch.Tensor | None = None,
     patch: tuple | None = None,
+    picked: torch.Tensor | None = None,
 ):
     """`forward` for one tile of rows, in chunks of T positions; out in the compute dtype.
     `at`: (rows, P) positions whose states to return as a fourth output (else None);
     `out_at`: (rows,) the one position of each row whose output to form (out (rows, D, 1));
     `patch`: (positions (rows,), values (rows, D, N)), the state after each row's position
-    replaced (see `forward_patched`)."""
+    replaced (see `forward_patched`); `picked`: where the states at `at` go, (rows, P, D, N)
+    (given with `at`)."""
     compute = compute_dtype(args.u)
     u, B, C, D, z, save = args.u, args.B, args.C, args.D, args.z, args.save_checkpoints
     batch, channels, length = u.shape
@@ -316,7 +325,6 @@ def _forward_rows(
     carried = None
     y = u.new_empty(1 if out_at is not None else length, batch, channels, dtype=compute)
     a_buf, h_buf = _chunk_buffers(2, T, u, N, compute)
-    picked = None if at is None else u.new_empty(*at.shape, channels, N, dtype=compute)
     patched_at = _patched_rows(patch, compute)
     for c in range(n_chunks):
         t0, t1 = c * T, min(length, (c + 1) * T)

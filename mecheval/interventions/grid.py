@@ -29,7 +29,9 @@ they are chunked; `interchange_grid` runs that plan. How it is fast, and still e
   mecheval.layers.resume), a cell also restarts near its position: cells are bucketed by
   position, and a bucket starting at s runs only positions s.. from the base run's mixer
   contexts at s (the base itself runs once, in segments split at the resume points, which
-  leaves them), since the patched run equals the base run before the patched position;
+  leaves them, or, when every mixer says which of its sites hold its context, in one pass
+  whose reads of them give the contexts: `LanguageModel.context_sites`), since the patched
+  run equals the base run before the patched position;
 - only the query position's logits are computed, and the KL and the answer's probability come
   from one log-sum-exp per row (and a product over d_model: see `Metrics`);
 - `state` sites (the recurrent state after a position) are read and patched at every row's
@@ -169,6 +171,16 @@ def _base_run(model, embedded: torch.Tensor, query: torch.Tensor, reads: dict, p
         with model.intervene(reads=reads) as record:
             hidden = hidden_at(model, 0, embedded[:, : plan.needed], query)
         return hidden, {name: record[name] for name in reads}, {}
+    sites = model.context_sites()
+    if sites is not None:  # one run, whose reads give the contexts at the resume points
+        points = [p for p in plan.points if p > 0]
+        before = torch.tensor(points, device=query.device) - 1
+        wanted = {name: None for name in sites}
+        wanted.update({n: before.expand(len(query), -1) for n in sites if n.endswith(".state")})
+        with model.intervene(reads={**wanted, **reads}) as record:
+            hidden = hidden_at(model, 0, embedded[:, : plan.needed], query)
+        contexts = {0: [None] * len(model.layers), **model.contexts_from(record, points)}
+        return hidden, {name: record[name] for name in reads}, contexts
     contexts: dict[int, list] = {0: [None] * len(model.layers)}
     parts: dict[str, list] = {name: [] for name in reads}
     hidden, start = None, 0

@@ -87,6 +87,11 @@ class H3(nn.Module):
     resumable = True
     local_sites = ("conv_input",)  # see mecheval.layers.sites: k_proj of one position
     readout_sites = {"long_conv_output": 1}  # (see there) read out by q at its position
+    context_sites = ("conv_input", "long_conv_input")  # see mecheval.layers.resume
+
+    def context_from(self, values: dict, point: int, index: int) -> tuple:
+        """See mecheval.layers.resume: both SSMs' inputs before `point`."""
+        return values["conv_input"][:, :point], values["long_conv_input"][:, :point]
 
     def shift_kernel(self, length: int) -> torch.Tensor:
         """The shift SSM's convolution kernel, (min(length, N), d_model) float32:

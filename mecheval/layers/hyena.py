@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from mecheval.layers.long_conv import ImplicitFilter, resumed_long_conv
-from mecheval.layers.resume import Resume, pick
+from mecheval.layers.resume import Resume, conv_window, pick
 from mecheval.layers.short_conv import ShortConvolution
 from mecheval.layers.sites import Site
 
@@ -70,6 +70,12 @@ class Hyena(nn.Module):
         return {"conv_output": self.short_filter.kernel_size[0]}
 
     readout_sites = {"long_conv_output": 1}  # (see there) gated by x2 at its position
+    context_sites = ("conv_input", "long_conv_input")  # see mecheval.layers.resume
+
+    def context_from(self, values: dict, point: int, index: int) -> tuple:
+        """See mecheval.layers.resume: the short filter's window and the long conv's inputs."""
+        width = self.short_filter.kernel_size[0]
+        return conv_window(values["conv_input"], point, width), values["long_conv_input"][:, :point]
 
     reads_out_at = True  # see mecheval.layers.resume
 

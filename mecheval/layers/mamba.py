@@ -18,6 +18,7 @@ The conv runs through `kernels.causal_conv1d_fn`, the scan through `kernels.sele
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
-from mecheval.layers.resume import Resume, pick
+from mecheval.layers.resume import Resume, conv_window, pick
 from mecheval.layers.sites import Site, StateSite
 
 
@@ -150,6 +151,16 @@ class Mamba(nn.Module):
 
     reads_out_at = True  # see mecheval.layers.resume: the scan's output is formed at `at` alone
 
+    @property
+    def context_sites(self) -> tuple[str, ...]:
+        """See mecheval.layers.resume: the conv's inputs and the state."""
+        return ("conv_input", "state") if self.use_conv else ("state",)
+
+    def context_from(self, values: dict, point: int, index: int) -> tuple:
+        """See mecheval.layers.resume: (the conv's last d_conv - 1 inputs, the state)."""
+        window = conv_window(values["conv_input"], point, self.d_conv) if self.use_conv else None
+        return window, values["state"][:, index].contiguous()
+
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -227,6 +238,8 @@ class Mamba(nn.Module):
             return scan(initial_state, reads, out_at=at, state_patch=(positions, values))
 
         if self.state.active:
+            if not self.state.patching:  # reads alone: the outputs at `at` still suffice
+                run_scan = functools.partial(run_scan, out_at=at)
             y, ssm_out = self.state.scan(
                 run_scan, carry, length, batch, -1, initial_state=ssm_in, patched=patched
             )

@@ -21,6 +21,14 @@ the output at those positions, and still leaves the whole context. The last bloc
 asks for it when only the query's logits are wanted (and nobody looks at the mixer's output);
 a long convolution then forms one output per row instead of every one. A mixer whose sites
 after its sequence mixing are looked at computes every position and picks (`pick`).
+
+A mixer may also say which of its sites hold its context (class attribute or property
+`context_sites`, short names): from one run's values of them, every position of each (a
+`state` site's: the states after the positions just before the resume points), its
+`context_from(values, point, index)` gives the context after positions [0, point) (index: the
+point's place among those read), the one a run of [0, point) leaves. The interchange grid then
+runs its base once and takes the contexts at its resume points from that run
+(`LanguageModel.context_sites`) instead of running it in segments.
 """
 
 from __future__ import annotations
@@ -45,6 +53,17 @@ def context_rows(context: tuple | None, rows: torch.Tensor) -> tuple | None:
     if context is None:
         return None
     return tuple(None if t is None else t[rows] for t in context)
+
+
+def conv_window(values: torch.Tensor, point: int, width: int) -> torch.Tensor:
+    """A short convolution's context after positions [0, point) from its inputs at every
+    position (B, L, C): the last width - 1 of them, (B, C, width - 1), zeros before position 0
+    (the layout `kernels.causal_conv1d_fn` leaves as final states)."""
+    kept = values[:, max(0, point - width + 1) : point].transpose(1, 2)
+    missing = width - 1 - kept.shape[-1]
+    if missing:
+        kept = torch.cat([kept.new_zeros(*kept.shape[:2], missing), kept], dim=-1)
+    return kept.contiguous()
 
 
 def pick(x: torch.Tensor, at: torch.Tensor | None) -> torch.Tensor:

@@ -219,6 +219,11 @@ class StateSite(nn.Module):
     def active(self) -> bool:
         return self.plan is not None
 
+    @property
+    def patching(self) -> bool:
+        """Whether the plan patches the state (else it reads it alone, or is idle)."""
+        return self.plan is not None and self.plan.patching
+
     def scan(
         self,
         run_scan: ScanFn,

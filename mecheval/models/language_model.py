@@ -212,6 +212,30 @@ class LanguageModel(nn.Module):
         logits = self.forward_from(layer_index, residual, positions, resumes, head)
         return logits, [r.state for r in resumes]
 
+    def context_sites(self) -> list[str] | None:
+        """The sites whose values in one run give every block's mixer context after any
+        position (their `context_sites`, see mecheval.layers.resume); None when a mixer does
+        not say (its contexts then come from a run in segments)."""
+        names = []
+        for i, block in enumerate(self.layers):
+            shorts = getattr(block.mixer, "context_sites", None)
+            if shorts is None:
+                return None
+            names += [f"layers.{i}.{short}" for short in shorts]
+        return names
+
+    def contexts_from(self, record: dict, points: list[int]) -> dict[int, list[tuple]]:
+        """point -> every block's mixer context after positions [0, point), from one run's
+        reads of `context_sites()` (states at the positions just before `points`)."""
+        contexts = {}
+        for index, point in enumerate(points):
+            contexts[point] = []
+            for i, block in enumerate(self.layers):
+                shorts = block.mixer.context_sites
+                values = {short: record[f"layers.{i}.{short}"] for short in shorts}
+                contexts[point].append(block.mixer.context_from(values, point, index))
+        return contexts
+
     def can_resume(self, layer_index: int = 0) -> bool:
         """Whether every mixer from this layer on resumes a sequence (`resume_from` may run
         from it); a caller reruns from position 0 where not."""

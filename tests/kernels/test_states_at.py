@@ -89,8 +89,26 @@ def test_selective_scan_out_at_refuses_bad_positions():
         selective_scan_fn(**x, out_at=torch.tensor([1.0, 2.0, 3.0]))
     with pytest.raises(ValueError, match=r"out_at must lie in \[0, 12\]"):
         selective_scan_fn(**x, out_at=torch.tensor([1, 13, 0]))
-    with pytest.raises(ValueError, match="out_at and states_at cannot be given together"):
-        selective_scan_fn(**x, out_at=torch.tensor([1, 2, 0]), states_at=torch.zeros(3, 1).long())
+
+
+def test_selective_scan_out_at_with_states_at_gives_both():
+    """The outputs at out_at and the states at states_at from one scan, as each alone gives
+    them (without gradients and with: by steps)."""
+    x = _scan_inputs("var")
+    at, read = torch.tensor([4, 11, 0]), torch.tensor([[0, 5], [3, 12], [7, 7]])
+    whole, last, states = selective_scan_fn(**x, return_last_state=True, states_at=read)
+    rows = torch.arange(3)
+    out, last_at, states_at = selective_scan_fn(
+        **x, return_last_state=True, states_at=read, out_at=at
+    )
+    torch.testing.assert_close(out[..., 0], whole[rows, :, at], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(states_at, states)
+    torch.testing.assert_close(last_at, last)
+    x["u"].requires_grad_()
+    out, states_grad = selective_scan_fn(**x, states_at=read, out_at=at)
+    assert out.requires_grad
+    torch.testing.assert_close(out[..., 0], whole[rows, :, at], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(states_grad, states, atol=1e-5, rtol=1e-5)
 
 
 def _row_after(x: dict, row: int, p: int) -> dict:

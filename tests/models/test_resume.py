@@ -138,3 +138,37 @@ def test_resume_from_without_head_leaves_the_same_contexts_and_reads(arch):
     for name in reads:
         torch.testing.assert_close(without_head[name], with_head[name], msg=name)
     torch.testing.assert_close(torch.cat([first, expected], 1), model.forward_from(0, x))
+
+
+WITH_CONTEXT_SITES = [a for a in ARCHITECTURES if build_model(a, V, D, max_len=L).context_sites()]
+
+
+@pytest.mark.parametrize("arch", WITH_CONTEXT_SITES)
+def test_contexts_from_one_run_equal_those_a_run_in_segments_leaves(arch):
+    """`context_sites` / `contexts_from`: the contexts at positions 1, 2 and 6 taken from one
+    run's reads are those runs of [0, p) leave, and continuing from them gives one run's
+    logits."""
+    model = build_model(arch, V, D, max_len=L).eval()
+    tokens = torch.randint(0, V, (3, L), generator=torch.Generator().manual_seed(6))
+    x = model.embed(tokens)
+    sites, points = model.context_sites(), [1, 2, 6]
+    before = torch.tensor(points) - 1
+    reads = {n: before.expand(3, -1) if n.endswith(".state") else None for n in sites}
+    with torch.no_grad():
+        with model.intervene(reads=reads) as record:
+            whole = model.forward_from(0, x)
+        taken = model.contexts_from(record, points)
+        for p in points:
+            _, left = model.resume_from(0, x[:, :p])
+            for mine, theirs in zip(taken[p], left, strict=True):
+                for a, b in zip(mine, theirs, strict=True):
+                    torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+            tail, _ = model.resume_from(0, x[:, p:], taken[p])
+            torch.testing.assert_close(tail, whole[:, p:], atol=2e-5, rtol=1e-4)
+
+
+def test_which_models_take_their_contexts_from_one_run():
+    """Mamba, H3 and Hyena say which sites hold their contexts; attention does not (its
+    contexts come from a run in segments)."""
+    assert {"mamba", "h3", "hyena"} <= set(WITH_CONTEXT_SITES)
+    assert build_model("attention", V, D, max_len=L).context_sites() is None
