@@ -1,7 +1,7 @@
 """The plan of an interchange grid: which cells run, where each restarts, how they are chunked.
 
     plan = plan_grid(model, batch, positions=["all"])
-    plan.summary()   # per site: cells, cells run, first block, patched forwards, positions run
+    plan.summary()   # per site: cells, run, copied, restored, first block, forwards, positions
 
 `interchange_grid` runs a plan (mecheval.interventions.grid). A cell is one (site, position
 label, document); cells are stacked label-major, so cell i patches document example[i] at
