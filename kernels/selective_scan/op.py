@@ -167,7 +167,7 @@ def selective_scan_fn(
             `states_at` too, those states come along (from the PyTorch path, as `states_at`
             alone).
             Without gradients the PyTorch path forms only those outputs (every state still
-            runs); otherwise the whole output is computed and picked. Not with `states_at`.
+            runs); otherwise the whole output is computed and picked.
         state_patch: (ours) optional (positions (B,), values (B, D, N)): the state after
             positions[b] of row b is replaced with values[b], and the scan goes on from it
             (the outputs after it, the last state and `states_at` from it on see the patch;

@@ -111,6 +111,15 @@ def test_token_local_sites_depend_on_their_own_token_alone(arch):
     assert not torch.equal(first[mixed][:, at + 1 :], second[mixed][:, at + 1 :])
 
 
+def _restore_nothing(loop, short: str, cells) -> None:
+    """The per-cell loop's (the oracle's) cells `cells` of site `short` restore nothing."""
+    rows = loop[loop["site"] == short]
+    restored, corrupted = rows["p_restored"].to_numpy(), rows["p_corrupted"].to_numpy()
+    np.testing.assert_allclose(
+        restored[cells], corrupted[cells], rtol=1e-5, atol=1e-7, err_msg=short
+    )
+
+
 @pytest.mark.parametrize("arch", ["mamba", "deltanet", "hyena", "attention"])
 def test_token_local_cells_where_the_documents_agree_are_not_run(arch):
     """At a token-local site the patch of a position where both documents hold the same token
@@ -125,15 +134,7 @@ def test_token_local_cells_where_the_documents_agree_are_not_run(arch):
         if site.ref.name not in local:
             continue
         assert not same[site.live].any(), site.ref.name
-        rows = loop[loop["site"] == site.ref.short]
-        skipped = same.numpy()
-        np.testing.assert_allclose(
-            rows["p_restored"].to_numpy()[skipped],
-            rows["p_corrupted"].to_numpy()[skipped],
-            rtol=1e-5,
-            atol=1e-7,
-            err_msg=site.ref.name,
-        )
+        _restore_nothing(loop, site.ref.short, same.numpy())
         # The cells at the corrupted key itself are still run (or restore the clean run).
         assert len(site.live) + len(site.restored) > 0
     assert any(s.ref.name in local for s in plan.sites)
@@ -189,15 +190,7 @@ def test_window_local_sites_depend_on_their_window_alone(arch):
         n = windows[site.ref.name]
         inside = (plan.positions >= key) & (plan.positions < key + n)
         assert not (~inside)[site.live].any(), site.ref.name
-        rows = loop[loop["site"] == site.ref.short]
-        outside = (~inside).numpy()
-        np.testing.assert_allclose(
-            rows["p_restored"].to_numpy()[outside],
-            rows["p_corrupted"].to_numpy()[outside],
-            rtol=1e-5,
-            atol=1e-7,
-            err_msg=site.ref.name,
-        )
+        _restore_nothing(loop, site.ref.short, (~inside).numpy())
 
 
 @pytest.mark.parametrize("arch", ["mamba", "hyena", "base_conv", "deltanet"])
