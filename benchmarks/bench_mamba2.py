@@ -3,7 +3,8 @@ reference and vs Mamba-2 run as a selective scan (the alternative it was measure
 
 On CPU (fp32): ours is the chunked SSD path (backend "torch"); "as selective scan" is the same
 call on the selective scan's PyTorch path (mamba2_scan's form for the Triton backend and for
-states_at, run here with backend "torch"); "reference" the per-step recurrence with autograd.
+its scan at positions, run here with backend "torch"); "reference" the per-step recurrence
+with autograd.
 On a GPU (bf16): ours is the Triton path (the selective scan's kernels) and mamba-ssm's
 `mamba_chunk_scan_combined` when installed. Shapes: the study's, batch 32, d_model 64 and 256
 (d_inner 128 and 512, headdim 16, d_state 64, one group), L 37 and 256. Every call: D, dt_bias,
@@ -18,7 +19,7 @@ import torch
 from benchmarks.common import DEVICE, DTYPE, installed, run_benchmark
 from kernels import mamba2_scan
 from kernels.ssd import mamba2_scan_ref
-from kernels.ssd.op import _on_selective_scan
+from kernels.ssd.op import Inputs, on_selective_scan
 
 # name -> (batch, length, heads, head dim, groups, state)
 SHAPES = {
@@ -30,13 +31,20 @@ SHAPES = {
 
 
 def _as_selective_scan(x, dt, A, B, C, D, z, dt_bias, dt_softplus, backend):
-    return _on_selective_scan(x, dt, A, B, C, D, z, dt_bias, dt_softplus, None, None, backend)[0]
+    inputs = Inputs(x, dt, A, B, C, D, z, dt_bias, dt_softplus, None)
+    return on_selective_scan(inputs, backend).out
+
+
+def _ours(x, dt, A, B, C, D, z, dt_bias, dt_softplus, backend):
+    return mamba2_scan(
+        x, dt, A, B, C, None, D, z, dt_bias, dt_softplus=dt_softplus, backend=backend
+    )
 
 
 def _implementations() -> dict:
     impls = {"reference": lambda *a, backend: mamba2_scan_ref(*a)}
     if DEVICE.type == "cuda":
-        impls["ours (triton)"] = lambda *a, backend: mamba2_scan(*a, backend="triton")
+        impls["ours (triton)"] = lambda *a, backend: _ours(*a, backend="triton")
         if installed("mamba_ssm"):
             from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined as peer
 
@@ -44,7 +52,7 @@ def _implementations() -> dict:
                 x, dt, A, B, C, 64, D=D, z=z, dt_bias=bias, dt_softplus=sp
             )
     else:
-        impls["ours (torch, chunked)"] = lambda *a, backend: mamba2_scan(*a, backend="torch")
+        impls["ours (torch, chunked)"] = lambda *a, backend: _ours(*a, backend="torch")
         impls["as selective scan (torch)"] = lambda *a, backend: _as_selective_scan(
             *a, backend="torch"
         )

@@ -154,3 +154,34 @@ def one_per_row(
             f"{tuple(getattr(positions, 'shape', ()))}"
         )
     return check_positions(op, positions[:, None], batch, length, device, name)[:, 0]
+
+
+def check_state_patch(
+    op: str, state_patch: object, state_shape: tuple[int, ...], length: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`state_patch`: a (positions (B,), values (B, *state)) tuple; returns the positions on
+    `device` as int64, and the values."""
+    if not isinstance(state_patch, tuple) or len(state_patch) != 2:
+        raise ValueError(f"{op}: state_patch must be a (positions, values) tuple")
+    positions, values = state_patch
+    batch = state_shape[0]
+    at = one_per_row(op, "state_patch positions", positions, batch, length, device)
+    if not isinstance(values, torch.Tensor) or tuple(values.shape) != tuple(state_shape):
+        raise ValueError(
+            f"{op}: state_patch values must have shape {tuple(state_shape)}, got "
+            f"{tuple(getattr(values, 'shape', ()))}"
+        )
+    return at, values
+
+
+def refuse_unsupported(op: str, **arguments: tuple[object, object]) -> None:
+    """Peer arguments mecheval accepts by name but does not implement: name -> (value, the
+    value that works). Anything else is refused by name."""
+    for name, (value, default) in arguments.items():
+        if value is default or (not isinstance(value, torch.Tensor) and value == default):
+            continue
+        shown = "a tensor" if isinstance(value, torch.Tensor) else repr(value)
+        raise ValueError(
+            f"{op}: {name}={shown} is not supported (pass {default!r}): mecheval's ops run "
+            "equal-length sequences in the (batch, ...) layout"
+        )

@@ -15,10 +15,10 @@ from typing import NamedTuple
 
 import torch
 
-from kernels._op import Op, compute_dtype, needs_grad
+from kernels._op import Op, compute_dtype
 from kernels.delta_rule.reference import l2_normalize
 from kernels.stacking import fold_into, unfold_from
-from kernels.validation import check_positions, check_range, check_tensor, one_per_row
+from kernels.validation import check_range, check_tensor, refuse_unsupported
 
 MAX_HEAD_DIM = 256
 # The Triton backend runs the fused recurrent kernel for T <= this, the chunked kernels above.
@@ -89,6 +89,20 @@ OP = Op(
 )
 
 
+def checked(backend, q, k, v, beta, scale, initial_state, output_final_state, l2norm):
+    """(the validated arguments as DeltaArgs, q and k normalised if asked, the backend that
+    runs them)."""
+    chosen = OP.check(backend, q=q, k=k, v=v, beta=beta, scale=scale, initial_state=initial_state)
+    T, K = q.shape[1], q.shape[3]
+    scale = K**-0.5 if scale is None else float(scale)
+    if l2norm:
+        compute = compute_dtype(q)
+        q = l2_normalize(q.to(compute)).to(q.dtype)
+        k = l2_normalize(k.to(compute)).to(k.dtype)
+    kernel = kernel_for(chosen, T)
+    return DeltaArgs(q, k, v, beta, initial_state, scale, bool(output_final_state), kernel), chosen
+
+
 def chunk_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -98,11 +112,11 @@ def chunk_delta_rule(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    head_first: bool = False,
     *,
-    states_at: torch.Tensor | None = None,
-    out_at: torch.Tensor | None = None,
     backend: str | None = None,
-) -> tuple[torch.Tensor, ...]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The delta rule (DeltaNet), drop-in for `fla.ops.delta_rule.chunk_delta_rule`.
 
     Per batch row and head, with a (K, V) state S:
@@ -119,69 +133,20 @@ def chunk_delta_rule(
         output_final_state: also return the state after the last step.
         use_qk_l2norm_in_kernel: L2-normalise q and k over K (per token and head) inside the
             op, gradients included.
-        states_at: (ours) optional (B, P) integer positions: also return the state after
-            steps states_at[b, :] of each row b, from the same one pass (every state:
-            `torch.arange(T).expand(B, T)`), for reading or patching states at many positions.
-            Without gradients it runs the PyTorch path, on any device; when a gradient is
-            needed, one call per step (slow, exact).
-        out_at: (ours) optional (B,) integer positions: o is then (B, 1, H, V), the output at
-            step out_at[b] of each row b alone (a model's last layer read out at the query).
-            Without gradients the PyTorch path forms only those (the state still runs
-            through every step); otherwise the whole output is computed and picked. Not with
-            `states_at`.
+        cu_seqlens, head_first: fla's packed sequences and head-first layout; only None and
+            False are supported (anything else is refused by name).
         backend: "auto", "triton" or "torch"; None uses the process default (kernels.backend).
 
     Returns:
-        o (B, T, H, V) in q's dtype ((B, 1, H, V) with `out_at`), and the final state
-        (B, H, K, V) in float32 (float64 for float64 inputs) or None; with `states_at`, a
-        third element, the states (B, P, H, K, V) in the final state's dtype.
+        (o (B, T, H, V) in q's dtype, the final state (B, H, K, V) in float32 (float64 for
+        float64 inputs) or None). States after given steps, the output at one step, a patched
+        state: `kernels.chunk_delta_rule_at`.
     """
-    chosen = OP.check(backend, q=q, k=k, v=v, beta=beta, scale=scale, initial_state=initial_state)
-    T, K = q.shape[1], q.shape[3]
-    scale = K**-0.5 if scale is None else float(scale)
-    if use_qk_l2norm_in_kernel:
-        compute = compute_dtype(q)
-        q = l2_normalize(q.to(compute)).to(q.dtype)
-        k = l2_normalize(k.to(compute)).to(k.dtype)
-    a = DeltaArgs(
-        q, k, v, beta, initial_state, scale, bool(output_final_state), kernel_for(chosen, T)
+    refuse_unsupported(OP.public, cu_seqlens=(cu_seqlens, None), head_first=(head_first, False))
+    a, chosen = checked(
+        backend, q, k, v, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel
     )
-    if out_at is not None:
-        if states_at is not None:
-            raise ValueError(f"{OP.public}: out_at and states_at cannot be given together")
-        at = one_per_row(OP.public, "out_at", out_at, q.shape[0], T, q.device)
-        if chosen == "torch" and OP.runs_plain(a):
-            return OP.implementation("torch").forward_out_at(a, at)
-        o, final, *_ = OP(a, chosen)
-        return o[torch.arange(len(at), device=at.device), at][:, None], (
-            final if output_final_state else None
-        )
-    if states_at is not None:
-        at = check_positions(OP.public, states_at, q.shape[0], T, q.device)
-        if needs_grad(a):
-            o, final, states = _states_by_steps(a, chosen)
-            states = states[torch.arange(len(at), device=at.device)[:, None], at]
-        else:
-            o, final, states = OP.implementation("torch").forward_states_at(a, at)
-        return o, (final if output_final_state else None), states
     if chosen == "torch" and OP.runs_plain(a):  # no backward: no saved buffers
         return OP.implementation("torch").forward_inference(a)
     o, final, *_ = OP(a, chosen)
     return o, (final if output_final_state else None)
-
-
-def _states_by_steps(a: DeltaArgs, backend: str) -> tuple:
-    """(o, final, states (B, T, H, K, V)) with gradients: one call per step, each from the
-    state the previous one left (q and k are already normalised)."""
-    outs, states, state = [], [], a.initial_state
-    for t in range(a.q.shape[1]):
-        o, state = chunk_delta_rule(
-            *(x[:, t : t + 1] for x in (a.q, a.k, a.v, a.beta)),
-            scale=a.scale,
-            initial_state=state,
-            output_final_state=True,
-            backend=backend,
-        )
-        outs.append(o)
-        states.append(state)
-    return torch.cat(outs, dim=1), state, torch.stack(states, dim=1)

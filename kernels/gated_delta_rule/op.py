@@ -14,10 +14,10 @@ from typing import NamedTuple
 
 import torch
 
-from kernels._op import Op, compute_dtype, needs_grad
+from kernels._op import Op, compute_dtype
 from kernels.delta_rule.reference import l2_normalize
 from kernels.stacking import fold_into, is_batched, unfold_from
-from kernels.validation import check_positions, check_range, check_tensor
+from kernels.validation import check_range, check_tensor, refuse_unsupported
 
 MAX_HEAD_DIM = 256
 
@@ -96,6 +96,20 @@ OP = Op(
 )
 
 
+def checked(backend, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm):
+    """(the validated arguments as GatedDeltaArgs, q and k normalised if asked, the backend
+    that runs them)."""
+    chosen = OP.check(
+        backend, q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state
+    )
+    scale = q.shape[3] ** -0.5 if scale is None else float(scale)
+    if l2norm:
+        compute = compute_dtype(q)
+        q = l2_normalize(q.to(compute)).to(q.dtype)
+        k = l2_normalize(k.to(compute)).to(k.dtype)
+    return GatedDeltaArgs(q, k, v, g, beta, initial_state, scale, bool(output_final_state)), chosen
+
+
 def chunk_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -106,10 +120,11 @@ def chunk_gated_delta_rule(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    head_first: bool = False,
     *,
-    states_at: torch.Tensor | None = None,
     backend: str | None = None,
-) -> tuple[torch.Tensor, ...]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The gated delta rule (Gated DeltaNet), drop-in for
     `fla.ops.gated_delta_rule.chunk_gated_delta_rule`.
 
@@ -129,51 +144,18 @@ def chunk_gated_delta_rule(
         output_final_state: also return the state after the last step.
         use_qk_l2norm_in_kernel: L2-normalise q and k over K (per token and head) inside the
             op, gradients included.
-        states_at: (ours) optional (B, P) integer positions: also return the state after
-            steps states_at[b, :] of each row b, from the same one pass. Without gradients it
-            runs the PyTorch path, on any device; when a gradient is needed, one call per step
-            (slow, exact).
+        cu_seqlens, head_first: fla's packed sequences and head-first layout; only None and
+            False are supported (anything else is refused by name).
         backend: "auto", "triton" or "torch"; None uses the process default (kernels.backend).
 
     Returns:
-        o (B, T, H, V) in q's dtype, and the final state (B, H, K, V) in float32 (float64 for
-        float64 inputs) or None; with `states_at`, a third element, the states
-        (B, P, H, K, V) in the final state's dtype.
+        (o (B, T, H, V) in q's dtype, the final state (B, H, K, V) in float32 (float64 for
+        float64 inputs) or None). States after given steps, the output at one step, a patched
+        state: `kernels.chunk_gated_delta_rule_at`.
     """
-    chosen = OP.check(
-        backend, q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state
+    refuse_unsupported(OP.public, cu_seqlens=(cu_seqlens, None), head_first=(head_first, False))
+    a, chosen = checked(
+        backend, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel
     )
-    T, K = q.shape[1], q.shape[3]
-    scale = K**-0.5 if scale is None else float(scale)
-    if use_qk_l2norm_in_kernel:
-        compute = compute_dtype(q)
-        q = l2_normalize(q.to(compute)).to(q.dtype)
-        k = l2_normalize(k.to(compute)).to(k.dtype)
-    a = GatedDeltaArgs(q, k, v, g, beta, initial_state, scale, bool(output_final_state))
-    if states_at is not None:
-        at = check_positions(OP.public, states_at, q.shape[0], T, q.device)
-        if needs_grad(a):
-            o, final, states = _states_by_steps(a, chosen)
-            states = states[torch.arange(len(at), device=at.device)[:, None], at]
-        else:
-            o, final, states = OP.implementation("torch").forward_states_at(a, at)
-        return o, (final if output_final_state else None), states
     o, final, *_ = OP(a, chosen)
     return o, (final if output_final_state else None)
-
-
-def _states_by_steps(a: GatedDeltaArgs, backend: str) -> tuple:
-    """(o, final, states (B, T, H, K, V)) with gradients: one call per step, each from the
-    state the previous one left (q and k are already normalised)."""
-    outs, states, state = [], [], a.initial_state
-    for t in range(a.q.shape[1]):
-        o, state = chunk_gated_delta_rule(
-            *(x[:, t : t + 1] for x in (a.q, a.k, a.v, a.g, a.beta)),
-            scale=a.scale,
-            initial_state=state,
-            output_final_state=True,
-            backend=backend,
-        )
-        outs.append(o)
-        states.append(state)
-    return torch.cat(outs, dim=1), state, torch.stack(states, dim=1)

@@ -121,6 +121,19 @@ def forward_states_at(args: GatedDeltaArgs, at: torch.Tensor) -> tuple[torch.Ten
     return o, final, start + keys.transpose(-1, -2) @ u[c, rows]
 
 
+def forward_inference(args: GatedDeltaArgs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(o, the final state or None) as `forward`, when no backward will run."""
+    return forward(args)[:2]
+
+
+def forward_out_at(args: GatedDeltaArgs, at: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(o (B, 1, H, V) at step at[b] of each row b, the final state or None), without
+    gradients (picked from the whole output: its one batched product is a small part of
+    the pass)."""
+    o, final = forward_inference(args)
+    return o[torch.arange(len(at), device=at.device), at][:, None], final
+
+
 def _row_minus_column(x: torch.Tensor) -> torch.Tensor:
     """For a (.., C, C) gradient-times-value matrix of entries that depend on G_i - G_j: the
     gradient of each G, (.., C, 1)."""

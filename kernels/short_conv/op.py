@@ -9,7 +9,7 @@ import torch
 
 from kernels._op import Op, compute_dtype, needs_grad
 from kernels.stacking import fold_into, unfold_from
-from kernels.validation import check_choice, check_range, check_tensor
+from kernels.validation import check_choice, check_range, check_tensor, refuse_unsupported
 
 ACTIVATIONS = (None, "silu", "swish")
 MAX_WIDTH = 8
@@ -81,9 +81,11 @@ def causal_conv1d_fn(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
-    activation: str | None = None,
+    seq_idx: torch.Tensor | None = None,
     initial_states: torch.Tensor | None = None,
     return_final_states: bool = False,
+    final_states_out: torch.Tensor | None = None,
+    activation: str | None = None,
     *,
     backend: str | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -92,16 +94,21 @@ def causal_conv1d_fn(
     Args:
         x: (B, D, L) float32/float16/bfloat16; any strides (a (B, L, D) tensor transposed to
             (B, D, L) is read in place).
-        weight: (D, W), width W from 1 to 8.
+        weight: (D, W), width W from 1 to 8 (ours: causal-conv1d stops at 4).
         bias: optional (D,).
-        activation: None, "silu" or "swish".
+        seq_idx: causal-conv1d's packed sequences; only None is supported (anything else is
+            refused by name).
         initial_states: optional (B, D, W-1), the W - 1 inputs before x[..., 0].
         return_final_states: also return the last W - 1 inputs, (B, D, W-1), to continue from.
+        final_states_out: optional (B, D, W-1) tensor the final states are written into (and
+            returned as), with `return_final_states`.
+        activation: None, "silu" or "swish".
         backend: "auto", "triton" or "torch"; None uses the process default (kernels.backend).
 
     Returns:
         y (B, D, L) in x's dtype and memory layout, or (y, final_states).
     """
+    refuse_unsupported(OP.public, seq_idx=(seq_idx, None))
     chosen = OP.check(
         backend, x=x, weight=weight, bias=bias, initial_states=initial_states, activation=activation
     )
@@ -109,4 +116,12 @@ def causal_conv1d_fn(
     y, _ = OP(a._replace(save=needs_grad(a)), chosen)
     if not return_final_states:
         return y
-    return y, _final_states(x, initial_states, weight.shape[1])
+    final = _final_states(x, initial_states, weight.shape[1])
+    if final_states_out is not None:
+        if not isinstance(final_states_out, torch.Tensor) or final_states_out.shape != final.shape:
+            raise ValueError(
+                f"{OP.public}: final_states_out must be a tensor of shape {tuple(final.shape)}, "
+                f"got {tuple(getattr(final_states_out, 'shape', ()))}"
+            )
+        final = final_states_out.copy_(final)
+    return y, final

@@ -3,30 +3,35 @@
 Two implementations, chosen by the backend (kernels.backend):
   "torch"   the chunked SSD algorithm in PyTorch (kernels.ssd.chunked), differentiated by
             autograd: runs under torch.vmap and torch.compile as plain PyTorch does.
-  "triton"  Mamba-2 as a selective scan (`_on_selective_scan`): the head's scalar A broadcast
+  "triton"  Mamba-2 as a selective scan (`on_selective_scan`): the head's scalar A broadcast
             over its channels and state indices, dt broadcast from heads to channels, B and C
             as groups of channels; the selective scan's Triton kernels (and their backward,
             vmap rule and custom op) then run it.
-The selective-scan form is also what returns states at given positions (`states_at`), on
-either backend. docs/kernels.md has the measurements behind the choice.
+The selective-scan form is also what runs the scan at positions (`mamba2_scan_at`: states,
+outputs at positions, patched states), on either backend. docs/kernels.md has the
+measurements behind the choice.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+import torch.nn.functional as F
 
 from kernels.backend import resolve_backend
-from kernels.selective_scan import selective_scan_fn
+from kernels.scan_at import ScanAt
+from kernels.selective_scan import selective_scan_at
 from kernels.selective_scan.op import MAX_STATE
 from kernels.ssd.chunked import ssd_chunked
 from kernels.validation import (
     allowed_dtypes,
     check_choice,
-    check_positions,
     check_range,
     check_same_device,
     check_tensor,
     check_tensor_layouts,
+    refuse_unsupported,
 )
 
 OP = "mamba2_scan"
@@ -64,56 +69,29 @@ def _validate(dtypes, x, dt, A, B, C, D, z, dt_bias, initial_states, softplus, c
         raise ValueError(f"{OP}: chunk_size must be None or an int >= 1, got {chunk_size!r}")
 
 
-def mamba2_scan(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor | None = None,
-    z: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
-    dt_softplus: bool = False,
-    initial_states: torch.Tensor | None = None,
-    return_final_states: bool = False,
-    *,
-    states_at: torch.Tensor | None = None,
-    chunk_size: int | None = None,
-    backend: str | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, ...]:
-    """Mamba-2's scan, with the layouts of mamba-ssm's `mamba_chunk_scan_combined` (which also
-    takes a `chunk_size`, here optional and keyword-only).
+class Inputs(NamedTuple):
+    """mamba2_scan's validated tensors (dt_limit folded into dt when it clamps)."""
 
-        dt  = softplus(dt + dt_bias) if dt_softplus else dt + dt_bias        (B, L, H)
-        h_t = exp(dt_t A_h) h_{t-1} + dt_t x_t B_t^T      h_t (P, N) per head
-        y_t = h_t C_t ;  out = (y + D * x) * silu(z)
+    x: torch.Tensor
+    dt: torch.Tensor
+    A: torch.Tensor
+    B: torch.Tensor
+    C: torch.Tensor
+    D: torch.Tensor | None
+    z: torch.Tensor | None
+    dt_bias: torch.Tensor | None
+    dt_softplus: bool
+    initial_states: torch.Tensor | None
 
-    Args:
-        x: (B, L, H, P) float32/float16/bfloat16 (float64 on the PyTorch path); H heads of P
-            channels.
-        dt: (B, L, H), the step sizes before the optional bias and softplus.
-        A: (H,) one decay rate per head (Mamba-2's A = -exp(A_log) is negative).
-        B: (B, L, G, N) input-dependent, G groups shared by H / G consecutive heads each;
-            N from 1 to 256.
-        C: (B, L, G, N), like B.
-        D: optional skip, (H,) per head or (H, P) per channel.
-        z: optional (B, L, H, P) gate, applied as silu(z) after the skip.
-        dt_bias: optional (H,), added to dt before the softplus.
-        dt_softplus: apply softplus to dt + dt_bias.
-        initial_states: optional (B, H, P, N), the state before position 0; gradients flow to
-            it, and through the returned final state, so a scan split at any position and
-            resumed from the carried state equals one scan.
-        return_final_states: also return the state after the last position.
-        states_at: (ours) optional (B, K) integer positions: also return the states after
-            positions states_at[b, :] of each row b (see `selective_scan_fn`'s states_at).
-        chunk_size: (ours) positions per chunk of the PyTorch path; None picks one
-            (kernels.ssd.chunked.default_chunk_size). The Triton path does not chunk.
-        backend: "auto", "triton" or "torch"; None uses the process default (kernels.backend).
 
-    Returns:
-        out (B, L, H, P) in x's dtype; then final_states (B, H, P, N) float32 if
-        `return_final_states`; then the states (B, K, H, P, N) float32 if `states_at` is given.
-    """
+NO_LIMIT = (0.0, float("inf"))
+
+
+def checked(backend, x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states, chunk_size,
+            dt_limit=NO_LIMIT) -> tuple[Inputs, str]:  # fmt: skip
+    """(the validated inputs, the backend that runs them). A dt_limit other than (0, inf)
+    clamps the step sizes after the bias and softplus, as mamba-ssm does: they are then
+    formed here and passed on as they are."""
     check_tensor(OP, "x", x, "B L H P", {})
     tensors = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias)
     device = check_same_device(OP, **tensors, initial_states=initial_states)
@@ -125,38 +103,96 @@ def mamba2_scan(
         softplus=dt_softplus,
         chunk_size=chunk_size,
     )
-    states = None
-    if states_at is not None:
-        at = check_positions(OP, states_at, x.shape[0], x.shape[1], device)
-        out, last, states = _on_selective_scan(
-            **tensors,
-            dt_softplus=bool(dt_softplus),
-            initial_states=initial_states,
-            at=at,
-            backend=chosen,
-        )
-    elif chosen == "triton":
-        out, last, _ = _on_selective_scan(
-            **tensors,
-            dt_softplus=bool(dt_softplus),
-            initial_states=initial_states,
-            at=None,
-            backend=chosen,
-        )
+    limit = _check_limit(dt_limit)
+    if limit != NO_LIMIT:
+        step = dt.float() if dt.dtype != torch.float64 else dt
+        if dt_bias is not None:
+            step = step + dt_bias.to(step.dtype)
+        step = F.softplus(step) if dt_softplus else step
+        tensors.update(dt=step.clamp(*limit), dt_bias=None)
+        dt_softplus = False
+    return Inputs(**tensors, dt_softplus=bool(dt_softplus), initial_states=initial_states), chosen
+
+
+def _check_limit(dt_limit: object) -> tuple[float, float]:
+    ok = isinstance(dt_limit, (tuple, list)) and len(dt_limit) == 2
+    ok = ok and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in dt_limit)
+    if not ok or not dt_limit[0] <= dt_limit[1]:
+        raise ValueError(f"{OP}: dt_limit must be a (low, high) pair of floats, got {dt_limit!r}")
+    return float(dt_limit[0]), float(dt_limit[1])
+
+
+def mamba2_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int | None = None,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    initial_states: torch.Tensor | None = None,
+    seq_idx: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = NO_LIMIT,
+    return_final_states: bool = False,
+    return_varlen_states: bool = False,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Mamba-2's scan, drop-in for mamba-ssm's `mamba_chunk_scan_combined`.
+
+        dt  = softplus(dt + dt_bias) if dt_softplus else dt + dt_bias        (B, L, H)
+        dt  = clamp(dt, *dt_limit)                                           (if not (0, inf))
+        h_t = exp(dt_t A_h) h_{t-1} + dt_t x_t B_t^T      h_t (P, N) per head
+        y_t = h_t C_t ;  out = (y + D * x) * silu(z)
+
+    Args:
+        x: (B, L, H, P) float32/float16/bfloat16 (float64 on the PyTorch path); H heads of P
+            channels.
+        dt: (B, L, H), the step sizes before the optional bias and softplus.
+        A: (H,) one decay rate per head (Mamba-2's A = -exp(A_log) is negative).
+        B: (B, L, G, N) input-dependent, G groups shared by H / G consecutive heads each;
+            N from 1 to 256.
+        C: (B, L, G, N), like B.
+        chunk_size: positions per chunk of the PyTorch path (the result does not depend on
+            it); None picks one (kernels.ssd.chunked.default_chunk_size). The Triton path
+            does not chunk. (mamba-ssm requires it; here it may be left out.)
+        D: optional skip, (H,) per head or (H, P) per channel.
+        z: optional (B, L, H, P) gate, applied as silu(z) after the skip.
+        dt_bias: optional (H,), added to dt before the softplus.
+        initial_states: optional (B, H, P, N), the state before position 0; gradients flow to
+            it, and through the returned final state, so a scan split at any position and
+            resumed from the carried state equals one scan.
+        seq_idx, cu_seqlens, return_varlen_states: mamba-ssm's packed sequences; only None,
+            None and False are supported (anything else is refused by name).
+        dt_softplus: apply softplus to dt + dt_bias.
+        dt_limit: (low, high) clamp of the step sizes after the softplus.
+        return_final_states: also return the state after the last position.
+        backend: "auto", "triton" or "torch"; None uses the process default (kernels.backend).
+
+    Returns:
+        out (B, L, H, P) in x's dtype, or (out, final_states (B, H, P, N) float32). States
+        after given positions, the output at one position, a patched state:
+        `kernels.mamba2_scan_at`.
+    """
+    refuse_unsupported(
+        OP,
+        seq_idx=(seq_idx, None),
+        cu_seqlens=(cu_seqlens, None),
+        return_varlen_states=(return_varlen_states, False),
+    )
+    a, chosen = checked(
+        backend, x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states, chunk_size, dt_limit
+    )
+    if chosen == "triton":
+        out, last, _ = on_selective_scan(a, chosen)
     else:
-        out, last = ssd_chunked(
-            **tensors,
-            dt_softplus=bool(dt_softplus),
-            initial_states=initial_states,
-            chunk_size=chunk_size,
-        )
+        out, last = ssd_chunked(*a, chunk_size=chunk_size)
         last = last.float() if last.dtype != torch.float64 else last
-    result = (out,)
-    if return_final_states:
-        result += (last,)
-    if states is not None:
-        result += (states,)
-    return result[0] if len(result) == 1 else result
+    return (out, last) if return_final_states else out
 
 
 def _per_channel(t: torch.Tensor, P: int) -> torch.Tensor:
@@ -164,35 +200,50 @@ def _per_channel(t: torch.Tensor, P: int) -> torch.Tensor:
     return t[:, None].expand(t.shape[0], P).reshape(-1)
 
 
-def _on_selective_scan(x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states, at, backend):
-    """Mamba-2 as a selective scan over D = H * P channels (channel h * P + p), whose group
-    g of B and C covers channels of heads [g H / G, (g + 1) H / G), as Mamba-2's does.
-    Returns (out (B, L, H, P), final state (B, H, P, N), states (B, K, H, P, N) or None)."""
-    batch, length, heads, P = x.shape
-    N = B.shape[3]
+def on_selective_scan(
+    a: Inputs,
+    backend: str,
+    states_at: torch.Tensor | None = None,
+    out_at: torch.Tensor | None = None,
+    state_patch: tuple[torch.Tensor, torch.Tensor] | None = None,
+    return_final_state: bool = True,
+) -> ScanAt:
+    """Mamba-2 as a selective scan at positions over D = H * P channels (channel h * P + p),
+    whose group g of B and C covers channels of heads [g H / G, (g + 1) H / G), as Mamba-2's
+    does. Returns out (B, L or 1, H, P), the final state (B, H, P, N), the states
+    (B, K, H, P, N)."""
+    batch, length, heads, P = a.x.shape
+    N = a.B.shape[3]
     channels = lambda t: t.reshape(batch, length, heads * P).transpose(1, 2)  # noqa: E731
-    u = channels(x)
-    delta = channels(dt[..., None].expand(batch, length, heads, P))
-    A_full = A[:, None, None].expand(heads, P, N).reshape(heads * P, N)
+    D = a.D
     if D is not None:
         D = _per_channel(D, P) if D.dim() == 1 else D.reshape(-1)
-    init = None if initial_states is None else initial_states.reshape(batch, heads * P, N)
-    result = selective_scan_fn(
-        u,
-        delta,
-        A_full,
-        B.permute(0, 2, 3, 1),  # (B, G, N, L)
-        C.permute(0, 2, 3, 1),
+    init = a.initial_states
+    if init is not None:
+        init = init.reshape(batch, heads * P, N)
+    if state_patch is not None:  # (validated by the caller) values (B, H, P, N)
+        state_patch = (state_patch[0], state_patch[1].reshape(batch, heads * P, N))
+    result = selective_scan_at(
+        channels(a.x),
+        channels(a.dt[..., None].expand(batch, length, heads, P)),
+        a.A[:, None, None].expand(heads, P, N).reshape(heads * P, N),
+        a.B.permute(0, 2, 3, 1),  # (B, G, N, L)
+        a.C.permute(0, 2, 3, 1),
         D,
-        None if z is None else channels(z),
-        None if dt_bias is None else _per_channel(dt_bias, P),
-        dt_softplus,
-        True,
+        None if a.z is None else channels(a.z),
+        None if a.dt_bias is None else _per_channel(a.dt_bias, P),
+        a.dt_softplus,
         init,
-        states_at=at,
+        states_at=states_at,
+        out_at=out_at,
+        state_patch=state_patch,
+        return_final_state=return_final_state,
         backend=backend,
     )
-    out, last = result[0], result[1]
-    out = out.transpose(1, 2).reshape(batch, length, heads, P)
-    states = None if at is None else result[2].reshape(batch, -1, heads, P, N)
-    return out, last.reshape(batch, heads, P, N), states
+    out = result.out.transpose(1, 2).unflatten(-1, (heads, P))
+    final, states = result.final_state, result.states
+    return ScanAt(
+        out,
+        None if final is None else final.reshape(batch, heads, P, N),
+        None if states is None else states.reshape(batch, -1, heads, P, N),
+    )

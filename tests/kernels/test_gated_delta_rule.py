@@ -220,30 +220,6 @@ def test_splitting_the_sequence_and_carrying_the_state_equals_one_call(device, b
     assert_close(state, final_whole, torch.float32, "final_state")
 
 
-def test_states_at_are_the_reference_states():
-    """Without gradients states_at runs the PyTorch path on any device; with them, one call
-    per step of the chosen backend (the PyTorch path here: the interpreter is slow)."""
-    backend = "torch"
-    q, k, v, g, beta, s = _inputs(2, 40, 2, 16, 20, torch.float32, "cpu", True, seed=7)
-    at = torch.tensor([[0, 17, 39], [31, 32, 5]])
-    with torch.no_grad():
-        o, final, states = chunk_gated_delta_rule(
-            q, k, v, g, beta, None, s, True, states_at=at, backend=backend
-        )
-    o_ref, final_ref, states_ref = gated_delta_rule_ref(q, k, v, g, beta, None, s, True,
-                                                        states_at=at)  # fmt: skip
-    assert_close(o, o_ref, torch.float32, "o")
-    assert_close(final, final_ref, torch.float32, "final_state")
-    assert_close(states, states_ref, torch.float32, "states")
-    # With gradients (one call per step), the same states, and gradients that reach g.
-    leaf = g.clone().requires_grad_()
-    _, _, states_g = chunk_gated_delta_rule(q, k, v, leaf, beta, None, s, states_at=at,
-                                            backend=backend)  # fmt: skip
-    assert_close(states_g, states_ref, torch.float32, "states with gradients")
-    states_g.sum().backward()
-    assert leaf.grad is not None and torch.isfinite(leaf.grad).all()
-
-
 def test_triton_backward_is_deterministic(device):
     # K = 64 in float32 splits the gradient kernel over K blocks; V = 64 splits V.
     q, k, v, g, beta, s = _inputs(1, 70, 2, 64, 64, torch.float32, device, True, seed=10)

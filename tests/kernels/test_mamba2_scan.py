@@ -78,7 +78,7 @@ def make_inputs(case: Case, dtype=torch.float32, seed=0) -> dict:
 
 def _call(fn, args, case, **kw):
     out, last = fn(
-        *(args[n] for n in NAMES[:8]),
+        **{n: args[n] for n in NAMES[:8]},
         dt_softplus=case.softplus,
         initial_states=args["initial_states"],
         return_final_states=True,
@@ -151,7 +151,7 @@ def test_gradcheck_float64_torch_path(chunk_size):
     def fn(*tensors):
         a = dict(zip(names, tensors, strict=True))
         out, last = mamba2_scan(
-            *(a.get(n) for n in NAMES[:8]),
+            **{n: a.get(n) for n in NAMES[:8]},
             dt_softplus=True,
             initial_states=a["initial_states"],
             return_final_states=True,
@@ -184,26 +184,6 @@ def test_splitting_the_scan_and_carrying_the_state_equals_one_scan(device, backe
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_states_at_positions_match_reference(device, backend):
-    case = Case(length=12, initial_states=True)
-    args = make_inputs(case)
-    at = torch.tensor([[0, 11, 4], [5, 5, 2]])
-    ref = mamba2_scan_ref(
-        *(args[n] for n in NAMES[:8]), True, args["initial_states"], True, states_at=at
-    )
-    if backend == "triton":
-        args = {k: None if v is None else v.to(device) for k, v in args.items()}
-    with torch.no_grad():
-        out, last, states = mamba2_scan(
-            *(args[n] for n in NAMES[:8]), True, args["initial_states"], True,
-            states_at=at, backend=backend,
-        )  # fmt: skip
-    assert states.shape == (2, 3, case.heads, case.head_dim, case.state)
-    for ours, theirs, what in zip((out, last, states), ref, ("out", "last", "states"), strict=True):
-        assert_close(ours.cpu(), theirs, torch.float32, what)
-
-
-@pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_vmap_over_stacked_models_equals_a_loop(backend):
     """torch.vmap over a model axis (kernels.stacking) gives each model's own outputs and
     gradients; the groups' B and C differ per model."""
@@ -215,7 +195,7 @@ def test_vmap_over_stacked_models_equals_a_loop(backend):
     def scan(*tensors):
         a = dict(zip(names, tensors, strict=True))
         out, last = mamba2_scan(
-            *(a.get(n) for n in NAMES[:8]), dt_softplus=True, return_final_states=True,
+            **{n: a.get(n) for n in NAMES[:8]}, dt_softplus=True, return_final_states=True,
             backend=backend,
         )  # fmt: skip
         return out.square().sum() + last.sum()
@@ -301,14 +281,41 @@ def _bad(**overrides):
 def test_bad_input_is_refused_by_name(overrides, error, words):
     args = _bad(**overrides)
     with pytest.raises(error) as info:
-        mamba2_scan(*(args[n] for n in NAMES[:8]), True, args["initial_states"], backend="torch")
+        mamba2_scan(
+            **{n: args[n] for n in NAMES[:8]},
+            dt_softplus=True,
+            initial_states=args["initial_states"],
+            backend="torch",
+        )
     assert words in str(info.value)
     assert "mamba2_scan" in str(info.value)
 
 
-def test_bad_chunk_size_and_positions_are_refused():
+def test_bad_chunk_size_and_unsupported_arguments_are_refused():
     args = _bad()
     with pytest.raises(ValueError, match="chunk_size must be"):
         mamba2_scan(*(args[n] for n in NAMES[:5]), chunk_size=0)
-    with pytest.raises(ValueError, match="states_at must lie in"):
-        mamba2_scan(*(args[n] for n in NAMES[:5]), states_at=torch.tensor([[4], [0]]))
+    for name, value in (
+        ("seq_idx", torch.zeros(2, 4, dtype=torch.int32)),
+        ("cu_seqlens", torch.tensor([0, 4])),
+        ("return_varlen_states", True),
+    ):
+        with pytest.raises(ValueError, match=f"mamba2_scan: {name}=.* is not supported"):
+            mamba2_scan(*(args[n] for n in NAMES[:5]), **{name: value})
+    with pytest.raises(ValueError, match="dt_limit must be a"):
+        mamba2_scan(*(args[n] for n in NAMES[:5]), dt_limit=(1.0, 0.0))
+
+
+def test_dt_limit_clamps_the_step_sizes():
+    """dt_limit clamps softplus(dt + dt_bias), as mamba-ssm does: the same as passing the
+    clamped step sizes with no bias and no softplus."""
+    case = Case(length=9)
+    args = make_inputs(case)
+    step = torch.nn.functional.softplus(args["dt"] + args["dt_bias"])
+    limit = (float(step.quantile(0.25)), float(step.quantile(0.75)))
+    out = mamba2_scan(
+        **{n: args[n] for n in NAMES[:8]}, dt_softplus=True, dt_limit=limit, backend="torch"
+    )
+    clamped = {**args, "dt": step.clamp(*limit), "dt_bias": None}
+    want = mamba2_scan_ref(**{n: clamped[n] for n in NAMES[:8]})
+    assert_close(out, want, torch.float32, "out")

@@ -51,7 +51,15 @@ def _forward_and_grads(fn, x, weight, bias, activation, init, dy, dfinal, **kw):
         t.detach().clone().requires_grad_() if t is not None else None
         for t in (x, weight, bias, init)
     ]
-    y, final = fn(leaves[0], leaves[1], leaves[2], activation, leaves[3], True, **kw)
+    y, final = fn(
+        leaves[0],
+        leaves[1],
+        leaves[2],
+        activation=activation,
+        initial_states=leaves[3],
+        return_final_states=True,
+        **kw,
+    )
     torch.autograd.backward([y, final], [dy, dfinal])
     return y, final, [t.grad if t is not None else None for t in leaves]
 
@@ -115,7 +123,7 @@ def test_strided_inputs(device, backend, layout):
     assert not x.is_contiguous()
     weight, bias = torch.randn(D, W, device=device), torch.randn(D, device=device)
     _check_against_reference(x, weight, bias, "silu", None, torch.float32, backend)
-    y = causal_conv1d_fn(x, weight, bias, "silu", backend=backend)
+    y = causal_conv1d_fn(x, weight, bias, activation="silu", backend=backend)
     assert y.stride() == torch.empty_like(x).stride()
 
 
@@ -125,16 +133,16 @@ def test_streaming_in_chunks_equals_one_call(device, backend):
     if backend == "torch":
         device = torch.device("cpu")
     x, weight, bias, _ = _inputs(2, 23, 4, True, False, torch.float32, device)
-    whole = causal_conv1d_fn(x, weight, bias, "silu", backend=backend)
+    whole = causal_conv1d_fn(x, weight, bias, activation="silu", backend=backend)
     pieces, state = [], None
     for start, stop in ((0, 1), (1, 3), (3, 14), (14, 23)):
         y, state = causal_conv1d_fn(
             x[:, :, start:stop],
             weight,
             bias,
-            "silu",
-            state,
+            initial_states=state,
             return_final_states=True,
+            activation="silu",
             backend=backend,
         )
         pieces.append(y)
@@ -159,8 +167,8 @@ def test_triton_backward_is_deterministic(device):
 def test_gradcheck_float64_torch_path(width):
     g = torch.Generator().manual_seed(width)
     make = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).requires_grad_()  # noqa: E731
-    args = (make(2, 5, 6), make(5, width), make(5), "silu", make(2, 5, width - 1), True)
-    fn = lambda *a: causal_conv1d_fn(*a, backend="torch")  # noqa: E731
+    args = (make(2, 5, 6), make(5, width), make(5), None, make(2, 5, width - 1), True)
+    fn = lambda *a: causal_conv1d_fn(*a, activation="silu", backend="torch")  # noqa: E731
     assert torch.autograd.gradcheck(fn, args)
 
 
@@ -183,7 +191,7 @@ def test_compiles_fullgraph_with_backward():
             self.weight = torch.nn.Parameter(torch.randn(8, 4))
 
         def forward(self, h):  # h (B, L, C), as models hold it
-            y = causal_conv1d_fn(self.proj(h).transpose(1, 2), self.weight, None, "silu")
+            y = causal_conv1d_fn(self.proj(h).transpose(1, 2), self.weight, activation="silu")
             return y.transpose(1, 2)
 
     model, h = ConvModel(), torch.randn(2, 9, 8)
