@@ -26,7 +26,7 @@ they are chunked; `interchange_grid` runs that plan. How it is fast, and still e
   the mixer's `reach_site` change the query alike; in the first block, where the documents
   hold the same token, a patch of the mixer's output gives the block's output the original's;
 - when every mixer from the restart layer on is resumable (every mixer of the zoo: see
-  mecheval.layers.resume), a cell also restarts near its position: cells are bucketed by
+  mecheval.layers.mixer), a cell also restarts near its position: cells are bucketed by
   position, and a bucket starting at s runs only positions s.. from the base run's mixer
   contexts at s (the base itself runs once, in segments split at the resume points, which
   leaves them, or, when every mixer says which of its sites hold its context, in one pass
@@ -35,9 +35,9 @@ they are chunked; `interchange_grid` runs that plan. How it is fast, and still e
 - only the query position's logits are computed, and the KL and the answer's probability come
   from one log-sum-exp per row (and a product over d_model: see `Metrics`);
 - `state` sites (the recurrent state after a position) are read and patched at every row's
-  own positions without splitting the scan: the clean run's one scan also returns the states
-  at each row's patched positions, and a patch adds the jump carried by a second, input-free
-  scan (see mecheval.layers.sites.StateSite).
+  own positions inside the one scan: the clean run's scan also returns the states at each
+  row's patched positions, and a patched run's scan replaces the state after each row's
+  position (the kernels' scans at positions: kernels.scan_at; mecheval.layers.sites.StateSite).
 Each cell equals one plain per-cell forward with a hook (see `per_cell_loop`), to float
 rounding; the tests check every cell.
 """

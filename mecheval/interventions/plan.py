@@ -29,7 +29,7 @@ position positions[i]. What a plan prunes and reuses:
   patch of the mixer's output makes the block's output the original's, as a patch of the
   block's output does;
 - a cell restarts at its site's block (the next one for block_output), and, when every mixer
-  from there on resumes (mecheval.layers.resume), at the resume point at or before its
+  from there on resumes (mecheval.layers.mixer), at the resume point at or before its
   position (`points`), from the base run's contexts there;
 - cells are chunked so that a patched forward stays within the memory budget (`chunk`).
 """

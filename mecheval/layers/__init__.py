@@ -1,8 +1,12 @@
 """Sequence mixers and other layers, reusable outside mecheval.
 
-Each mixer maps (B, L, d_model) to (B, L, d_model) and runs its short convolutions and scans
-through the `kernels` package (the process default backend). Activations the interventions
-patch are marked with `Site` / `StateSite` submodules (see `mecheval.layers.sites`).
+Every mixer derives from `Mixer` (mecheval.layers.mixer: the contract with the models and the
+interchange grid); it maps (B, L, d_model) to (B, L, d_model) and runs its short convolutions
+and scans through the `kernels` package (the process default backend). Activations the
+interventions patch are marked with `Site` / `StateSite` submodules (mecheval.layers.sites).
+
+    Mixer                   the base class: forward and the optional declarations
+    RecurrentMixer          short convolutions, then a scan with a state site (Mamba's kind)
 
     ShortConvolution        fla-style short causal depthwise conv (an nn.Conv1d)
     Mamba                   mamba-ssm's Mamba layer (selective SSM)
@@ -27,7 +31,9 @@ from mecheval.layers.hyena import Hyena
 from mecheval.layers.long_conv import ImplicitFilter, ImplicitLongConvolution, long_causal_conv
 from mecheval.layers.mamba import Mamba
 from mecheval.layers.mamba2 import Mamba2
+from mecheval.layers.mixer import Mixer, MixerError
 from mecheval.layers.mlp import MLP
+from mecheval.layers.recurrent import RecurrentMixer
 from mecheval.layers.short_conv import ShortConvolution
 from mecheval.layers.sites import Site, SitePlan, StateSite
 
@@ -44,6 +50,9 @@ __all__ = [
     "ImplicitLongConvolution",
     "Mamba",
     "Mamba2",
+    "Mixer",
+    "MixerError",
+    "RecurrentMixer",
     "ShortConvolution",
     "Site",
     "SitePlan",

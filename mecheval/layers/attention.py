@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mecheval.layers.mixer import Mixer
 from mecheval.layers.resume import Resume
 
 
@@ -41,7 +42,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-class CausalSelfAttention(nn.Module):
+class CausalSelfAttention(Mixer):
     """Causal softmax attention: one fused q/k/v projection `Wqkv`, output projection `out_proj`.
 
     Args:
@@ -58,7 +59,7 @@ class CausalSelfAttention(nn.Module):
         self.Wqkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out_proj = nn.Linear(d_model, d_model)
 
-    resumable = True  # see mecheval.layers.resume; context: (keys, values) so far
+    resumable = True  # context: (keys, values) so far
 
     def forward(self, x: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
         """x: (B, L, d_model) -> (B, L, d_model)."""

@@ -13,12 +13,13 @@ import torch
 from torch import nn
 
 from mecheval.layers.long_conv import ImplicitLongConvolution
+from mecheval.layers.mixer import Mixer
 from mecheval.layers.resume import Resume
 from mecheval.layers.short_conv import ShortConvolution
 from mecheval.layers.sites import Site
 
 
-class BaseConv(nn.Module):
+class BaseConv(Mixer):
     """Gated convolution.
 
     Sites: a short conv exposes `conv_input` / `conv_output` (B, L, d_model); a long conv
@@ -48,23 +49,23 @@ class BaseConv(nn.Module):
         for name in self._site_names:
             self.add_module(name, Site(name))
 
-    # See mecheval.layers.resume; context: the short conv's last W - 1 inputs (B, d, W - 1), or
-    # every past input of the long conv (B, P, d).
+    # Context: the short conv's last W - 1 inputs (B, d, W - 1), or every past input of the long
+    # conv (B, P, d).
     resumable = True
 
     @property
     def local_sites(self) -> tuple[str, ...]:
-        """See mecheval.layers.sites: the conv's input is the mixer's input."""
+        """See mecheval.layers.mixer: the conv's input is the mixer's input."""
         return self._site_names[:1]
 
     @property
     def reach_site(self) -> str:
-        """See mecheval.layers.sites: only the conv reads other positions."""
+        """See mecheval.layers.mixer: only the conv reads other positions."""
         return self._site_names[0]
 
     @property
     def readout_sites(self) -> dict[str, int]:
-        """See mecheval.layers.sites: the conv's output is gated at its own position."""
+        """See mecheval.layers.mixer: the conv's output is gated at its own position."""
         return {self._site_names[1]: 1}
 
     @property

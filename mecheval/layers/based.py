@@ -17,10 +17,11 @@ import math
 import torch
 from torch import nn
 
+from mecheval.layers.mixer import Mixer
 from mecheval.layers.resume import Resume
 
 
-class BasedLinearAttention(nn.Module):
+class BasedLinearAttention(Mixer):
     """Based linear attention, zoology's `Based` (parameter names proj_q/proj_k/proj_v/proj_o).
 
     Args:
@@ -48,8 +49,8 @@ class BasedLinearAttention(nn.Module):
         self.proj_v = nn.Linear(d_model, d_model, bias=False)
         self.proj_o = nn.Linear(d_model, d_model, bias=False)
 
-    # See mecheval.layers.resume; context: the keys and values so far, (B, H, P, F) and
-    # (B, H, P, head_dim): resumed queries run the same quadratic form over them.
+    # Context: the keys and values so far, (B, H, P, F) and (B, H, P, head_dim): resumed
+    # queries run the same quadratic form over them.
     resumable = True
 
     def forward(self, x: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
@@ -71,10 +72,6 @@ class BasedLinearAttention(nn.Module):
         a = a.masked_fill(~causal, 0.0)
         y = (a @ v) / (a.sum(-1, keepdim=True) + self.eps)
         return self.proj_o(y.transpose(1, 2).reshape(B, L, self.d_model))
-
-    def context_size(self, sequence_length: int) -> int:
-        """Floats a resumed segment starts from: the keys and values so far."""
-        return (self.num_heads * self.feature_dim + self.d_model) * sequence_length
 
     def state_size(self, sequence_length: int) -> int:
         """Floats carried between tokens, as zoology counts them: the KV state and the

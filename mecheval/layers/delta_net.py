@@ -8,11 +8,14 @@ Parameter names and options follow `fla.layers.DeltaNet` where they overlap:
     S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T                   S_t (K, V) per head
     o_t = rmsnorm(S_t^T q_t / sqrt(K)) ;  out = o W_o
 
-The delta rule runs through `kernels.chunk_delta_rule` (q and k normalised inside the kernel).
+The delta rule runs through `kernels.chunk_delta_rule_at` (q and k normalised inside the kernel;
+kernels.scan_at).
 Not supported from fla: `mode` (the kernel backend decides), `use_gate`, padding masks, caches.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +23,7 @@ from torch import nn
 
 import kernels
 from mecheval.layers.qkv_convs import ShortConvQKV
-from mecheval.layers.resume import Resume, pick
+from mecheval.layers.resume import Resume
 from mecheval.layers.sites import StateSite
 
 QK_ACTIVATIONS = ("silu", "relu", "elu", "identity")
@@ -100,11 +103,6 @@ class DeltaNet(ShortConvQKV):
         self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
         self.state = StateSite("state")
 
-    # See mecheval.layers.resume; context: (q, k, v conv inputs, recurrent state).
-    resumable = True
-
-    reads_out_at = True  # see mecheval.layers.resume: the output norm and o_proj run at `at`
-
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -114,10 +112,8 @@ class DeltaNet(ShortConvQKV):
         """hidden_states: (B, T, hidden_size) -> (B, T, hidden_size), or (B, 1, hidden_size) at
         positions `at` (B,)."""
         batch, length, _ = hidden_states.shape
-        context = (None,) * 4 if resume is None or resume.state is None else resume.state
-        q, k, v, convs_out = self._qkv(
-            hidden_states, context[:3], resume is not None, self.qk_activation == "silu"
-        )
+        windows, state = self.context_in(resume)
+        q, k, v, windows = self._qkv(hidden_states, windows, resume, self.qk_activation == "silu")
         if self.qk_activation == "relu":
             q, k = q.relu(), k.relu()
         elif self.qk_activation == "elu":
@@ -130,49 +126,18 @@ class DeltaNet(ShortConvQKV):
             beta = hidden_states.new_ones(batch, length, self.num_heads)
         if self.allow_neg_eigval:
             beta = beta * 2
-        l2 = self.qk_norm == "l2"
-
-        def run_scan(
-            initial_state: torch.Tensor | None,
-            at: torch.Tensor | None = None,
-            out_at: torch.Tensor | None = None,
-        ):
-            return kernels.chunk_delta_rule(
-                q,
-                k,
-                v,
-                beta,
-                initial_state=initial_state,
-                output_final_state=resume is None or resume.leave,
-                use_qk_l2norm_in_kernel=l2,
-                states_at=at,
-                out_at=out_at,
-            ) + ((None,) if at is None else ())
-
-        def carry(jump: torch.Tensor, after: torch.Tensor, at: torch.Tensor | None):
-            # No values (v = 0) and no writes (beta = 0) where `after` is False: the jump
-            # waits there, then is rewritten as the state is.
-            return kernels.chunk_delta_rule(
-                q,
-                k,
-                torch.zeros_like(v),
-                beta * after[..., None],
-                initial_state=jump,
-                output_final_state=resume is None or resume.leave,
-                use_qk_l2norm_in_kernel=l2,
-                states_at=at,
-            ) + ((None,) if at is None else ())
-
-        if self.state.active:
-            o, final = self.state.scan(run_scan, carry, length, batch, 1, initial_state=context[3])
-            o = pick(o, at)
-        elif resume is not None:  # with `at`, the output is formed there alone: (B, 1, H, V)
-            o, final, _ = run_scan(context[3], out_at=at)
-        else:
-            o, _ = kernels.chunk_delta_rule(q, k, v, beta, use_qk_l2norm_in_kernel=l2, out_at=at)
-        if resume is not None:
-            resume.state = (*convs_out, final)
+        scan_at = functools.partial(
+            kernels.chunk_delta_rule_at,
+            q,
+            k,
+            v,
+            beta,
+            initial_state=state,
+            use_qk_l2norm_in_kernel=self.qk_norm == "l2",
+        )
+        result = self.scan(scan_at, batch, length, at, resume)
+        self.leave(resume, windows, result.final_state)
         # In float32: the kernel returns q's dtype (bf16 under autocast), the norm's weight is
         # float32, and a mixed-dtype RMSNorm falls off its fused path with a warning.
-        o = self.o_norm(o.float())
+        o = self.o_norm(result.out.float())
         return self.o_proj(o.reshape(batch, o.shape[1], self.value_dim))

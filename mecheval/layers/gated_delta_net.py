@@ -11,13 +11,15 @@ Parameter names and shapes follow `fla.layers.GatedDeltaNet` (one value head per
     o_t = S_t^T q_t / sqrt(K)
     out = (rmsnorm(o) * w_norm * silu(u W_g)) W_o          gated RMSNorm per head (use_gate)
 
-The recurrence runs through `kernels.chunk_gated_delta_rule` (q and k normalised inside it).
+The recurrence runs through `kernels.chunk_gated_delta_rule_at` (q and k normalised inside it;
+kernels.scan_at).
 Not supported from fla: `mode` (the kernel backend decides), `num_v_heads` > num_heads
 (grouped value heads), padding masks, caches.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -26,7 +28,7 @@ from torch import nn
 
 import kernels
 from mecheval.layers.qkv_convs import ShortConvQKV
-from mecheval.layers.resume import Resume
+from mecheval.layers.resume import Resume, pick
 from mecheval.layers.sites import StateSite
 
 
@@ -132,15 +134,17 @@ class GatedDeltaNet(ShortConvQKV):
         self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
         self.state = StateSite("state")
 
-    # See mecheval.layers.resume; context: (q, k, v conv inputs, recurrent state).
-    resumable = True
-
-    def forward(self, hidden_states: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
-        """hidden_states: (B, T, hidden_size) -> (B, T, hidden_size)."""
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        resume: Resume | None = None,
+        at: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """hidden_states: (B, T, hidden_size) -> (B, T, hidden_size), or (B, 1, hidden_size) at
+        positions `at` (B,)."""
         batch, length, _ = hidden_states.shape
-        H = self.num_heads
-        context = (None,) * 4 if resume is None or resume.state is None else resume.state
-        q, k, v, convs_out = self._qkv(hidden_states, context[:3], resume is not None, True)
+        windows, state = self.context_in(resume)
+        q, k, v, windows = self._qkv(hidden_states, windows, resume, True)
         # Decays and write strengths in float32 (fla computes g in float32 too).
         g = -self.A_log.float().exp() * F.softplus(
             self.a_proj(hidden_states).float() + self.dt_bias.float()
@@ -148,48 +152,24 @@ class GatedDeltaNet(ShortConvQKV):
         beta = self.b_proj(hidden_states).sigmoid()
         if self.allow_neg_eigval:
             beta = beta * 2
-
-        def run_scan(initial_state: torch.Tensor | None, at: torch.Tensor | None = None):
-            return kernels.chunk_gated_delta_rule(
-                q,
-                k,
-                v,
-                g,
-                beta,
-                initial_state=initial_state,
-                output_final_state=resume is None or resume.leave,
-                use_qk_l2norm_in_kernel=True,
-                states_at=at,
-            ) + ((None,) if at is None else ())
-
-        def carry(jump: torch.Tensor, after: torch.Tensor, at: torch.Tensor | None):
-            # No values (v = 0), no decay (g = 0) and no writes (beta = 0) where `after` is
-            # False: the jump waits there, then decays and is rewritten as the state is.
-            return kernels.chunk_gated_delta_rule(
-                q,
-                k,
-                torch.zeros_like(v),
-                g * after[..., None],
-                beta * after[..., None],
-                initial_state=jump,
-                output_final_state=True,
-                use_qk_l2norm_in_kernel=True,
-                states_at=at,
-            ) + ((None,) if at is None else ())
-
-        if self.state.active:
-            o, final = self.state.scan(run_scan, carry, length, batch, 1, initial_state=context[3])
-        elif resume is not None:
-            o, final, _ = run_scan(context[3])
-        else:
-            o, _ = kernels.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
-        if resume is not None:
-            resume.state = (*convs_out, final)
+        scan_at = functools.partial(
+            kernels.chunk_gated_delta_rule_at,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            initial_state=state,
+            use_qk_l2norm_in_kernel=True,
+        )
+        result = self.scan(scan_at, batch, length, at, resume)
+        self.leave(resume, windows, result.final_state)
+        o = result.out  # (B, T or 1, H, V)
         # In float32: the kernel returns q's dtype (bf16 under autocast), the norm's weight is
         # float32 (a mixed-dtype RMSNorm falls off its fused path with a warning).
         if self.use_gate:
-            gate = self.g_proj(hidden_states).view(batch, length, H, self.head_v_dim)
-            o = self.o_norm(o, gate)
+            gate = self.g_proj(hidden_states if at is None else pick(hidden_states, at))
+            o = self.o_norm(o, gate.view(batch, o.shape[1], self.num_heads, self.head_v_dim))
         else:
             o = self.o_norm(o.float())
-        return self.o_proj(o.reshape(batch, length, self.value_dim))
+        return self.o_proj(o.reshape(batch, o.shape[1], self.value_dim))

@@ -17,16 +17,18 @@ modes, as S4D: the real kernel is 2 Re(sum_n C_n dB_n dA_n^l).
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 
 import torch
 from torch import nn
 
 from mecheval.layers.long_conv import cached_taps, resumed_long_conv
+from mecheval.layers.mixer import Mixer
 from mecheval.layers.resume import Resume, pick
 from mecheval.layers.sites import Site
 
 
-class H3(nn.Module):
+class H3(Mixer):
     """H3 mixer.
 
     Sites: `conv_input` / `conv_output` (B, L, d_model), k before and after the shift SSM;
@@ -82,15 +84,17 @@ class H3(nn.Module):
         self.long_conv_input = Site("long_conv_input")
         self.long_conv_output = Site("long_conv_output")
 
-    # See mecheval.layers.resume; context: every past input of the shift SSM (B, P, d_model)
-    # and of the diagonal SSM (B, P, H head_dim^2), both run as long convolutions.
+    # Declarations (mecheval.layers.mixer). Context: every past input of the shift SSM
+    # (B, P, d_model) and of the diagonal SSM (B, P, H head_dim^2), both run as long
+    # convolutions.
     resumable = True
-    local_sites = ("conv_input",)  # see mecheval.layers.sites: k_proj of one position
-    readout_sites = {"long_conv_output": 1}  # (see there) read out by q at its position
-    context_sites = ("conv_input", "long_conv_input")  # see mecheval.layers.resume
+    reads_out_at = True
+    local_sites = ("conv_input",)  # k_proj of one position
+    readout_sites = MappingProxyType({"long_conv_output": 1})  # read out by q at its position
+    context_sites = ("conv_input", "long_conv_input")
 
     def context_from(self, values: dict, point: int, index: int) -> tuple:
-        """See mecheval.layers.resume: both SSMs' inputs before `point`."""
+        """See mecheval.layers.mixer: both SSMs' inputs before `point`."""
         return values["conv_input"][:, :point], values["long_conv_input"][:, :point]
 
     def shift_kernel(self, length: int) -> torch.Tensor:
@@ -128,8 +132,6 @@ class H3(nn.Module):
         """The diagonal kernel per (head, i, j) channel, (length, H head_dim^2)."""
         return self.diagonal_kernel(length).repeat_interleave(self.head_dim**2, dim=1)
 
-    reads_out_at = True  # see mecheval.layers.resume
-
     def forward(
         self, u: torch.Tensor, resume: Resume | None = None, at: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -165,10 +167,6 @@ class H3(nn.Module):
             o = o + q[..., i, None] * y[..., i, :]
         out = self.output_linear(o.reshape(B, L, d))
         return out if read is not None else pick(out, at)
-
-    def context_size(self, sequence_length: int) -> int:
-        """Floats a resumed segment starts from: both SSMs' past inputs."""
-        return (self.d_model + self.num_heads * self.head_dim**2) * sequence_length
 
     def state_size(self, sequence_length: int) -> int:
         """Floats carried between tokens: the shift SSM's N taps per channel and the diagonal

@@ -8,16 +8,19 @@ y = (v * x2) W_out + b_out                    post-gating, output projection
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
 from torch import nn
 
 from mecheval.layers.long_conv import ImplicitFilter, resumed_long_conv
+from mecheval.layers.mixer import Mixer
 from mecheval.layers.resume import Resume, conv_window, pick
 from mecheval.layers.short_conv import ShortConvolution
 from mecheval.layers.sites import Site
 
 
-class Hyena(nn.Module):
+class Hyena(Mixer):
     """Hyena mixer.
 
     Sites: `conv_input` / `conv_output` (B, L, 3 d_model), the short filter's input and output;
@@ -58,26 +61,24 @@ class Hyena(nn.Module):
         self.long_conv_input = Site("long_conv_input")
         self.long_conv_output = Site("long_conv_output")
 
-    # See mecheval.layers.resume; context: the short filter's last inputs (B, 3 d, W - 1) and
-    # every past input of the long convolution (B, P, d).
+    # Declarations (mecheval.layers.mixer). Context: the short filter's last inputs
+    # (B, 3 d, W - 1) and every past input of the long convolution (B, P, d).
     resumable = True
-    local_sites = ("conv_input",)  # see mecheval.layers.sites: in_proj of one position
-    reach_site = "conv_input"  # (see there) the mixer's input is read by in_proj alone
+    reads_out_at = True
+    local_sites = ("conv_input",)  # in_proj of one position
+    reach_site = "conv_input"  # the mixer's input is read by in_proj alone
+    readout_sites = MappingProxyType({"long_conv_output": 1})  # gated by x2 at its position
+    context_sites = ("conv_input", "long_conv_input")
 
     @property
     def window_sites(self) -> dict[str, int]:
-        """See mecheval.layers.sites: the short filter's output reads its width of inputs."""
+        """See mecheval.layers.mixer: the short filter's output reads its width of inputs."""
         return {"conv_output": self.short_filter.kernel_size[0]}
 
-    readout_sites = {"long_conv_output": 1}  # (see there) gated by x2 at its position
-    context_sites = ("conv_input", "long_conv_input")  # see mecheval.layers.resume
-
     def context_from(self, values: dict, point: int, index: int) -> tuple:
-        """See mecheval.layers.resume: the short filter's window and the long conv's inputs."""
+        """See mecheval.layers.mixer: the short filter's window and the long conv's inputs."""
         width = self.short_filter.kernel_size[0]
         return conv_window(values["conv_input"], point, width), values["long_conv_input"][:, :point]
-
-    reads_out_at = True  # see mecheval.layers.resume
 
     def forward(
         self, u: torch.Tensor, resume: Resume | None = None, at: torch.Tensor | None = None

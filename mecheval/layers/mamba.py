@@ -12,8 +12,10 @@ same output:
     y_t = (h_t C_t + D x_t) * silu(z_t)
     out = y W_out
 
-The conv runs through `kernels.causal_conv1d_fn`, the scan through `kernels.selective_scan_fn`
-(whichever backend the process default picks). No incremental decoding (`inference_params`).
+The conv runs through `kernels.causal_conv1d_fn`, the scan through `kernels.selective_scan_at`
+(whichever backend the process default picks; kernels.scan_at); what the model and the grid may
+use is declared by `RecurrentMixer` (mecheval.layers.recurrent). No incremental decoding
+(`inference_params`).
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
-from mecheval.layers.resume import Resume, conv_window, pick
-from mecheval.layers.sites import Site, StateSite
+from mecheval.layers.recurrent import RecurrentMixer
+from mecheval.layers.resume import Resume
+from mecheval.layers.sites import StateSite
 
 
-class Mamba(nn.Module):
+class Mamba(RecurrentMixer):
     """Mamba mixer.
 
     Sites: `conv_input` / `conv_output` (B, L, d_inner), x before the conv and after conv +
@@ -98,8 +101,7 @@ class Mamba(nn.Module):
                 bias=conv_bias,
                 **factory,
             )
-            self.conv_input = Site("conv_input")
-            self.conv_output = Site("conv_output")
+            self.add_conv_sites("conv")
         self.activation = "silu"
         self.x_proj = nn.Linear(self.d_inner, self.dt_rank + 2 * d_state, bias=False, **factory)
         self.dt_proj = nn.Linear(self.dt_rank, self.d_inner, bias=True, **factory)
@@ -130,36 +132,13 @@ class Mamba(nn.Module):
         self.D._no_weight_decay = True
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias, **factory)
         self.state = StateSite("state")
-
-    resumable = True  # see mecheval.layers.resume; context: (conv inputs, scan state)
-
-    @property
-    def local_sites(self) -> tuple[str, ...]:
-        """See mecheval.layers.sites: the conv's input is in_proj of one position."""
-        return ("conv_input",) if self.use_conv else ()
-
-    @property
-    def window_sites(self) -> dict[str, int]:
-        """See mecheval.layers.sites: the conv's output reads d_conv inputs."""
-        return {"conv_output": self.d_conv} if self.use_conv else {}
+        self.convs = ("conv",) if use_conv else ()
 
     @property
     def reach_site(self) -> str | None:
-        """See mecheval.layers.sites: the input reaches other positions through x alone (z
+        """See mecheval.layers.mixer: the input reaches other positions through x alone (z
         gates its own position)."""
         return "conv_input" if self.use_conv else None
-
-    reads_out_at = True  # see mecheval.layers.resume: the scan's output is formed at `at` alone
-
-    @property
-    def context_sites(self) -> tuple[str, ...]:
-        """See mecheval.layers.resume: the conv's inputs and the state."""
-        return ("conv_input", "state") if self.use_conv else ("state",)
-
-    def context_from(self, values: dict, point: int, index: int) -> tuple:
-        """See mecheval.layers.resume: (the conv's last d_conv - 1 inputs, the state)."""
-        window = conv_window(values["conv_input"], point, self.d_conv) if self.use_conv else None
-        return window, values["state"][:, index].contiguous()
 
     def forward(
         self,
@@ -170,88 +149,31 @@ class Mamba(nn.Module):
         """hidden_states: (B, L, d_model) -> (B, L, d_model), or (B, 1, d_model) at positions
         `at` (B,)."""
         batch, length, _ = hidden_states.shape
-        conv_in, ssm_in = (None, None) if resume is None or resume.state is None else resume.state
-        conv_out = None
+        windows, state = self.context_in(resume)
         x, z = self.in_proj(hidden_states).chunk(2, dim=-1)  # (B, L, d_inner) each
         if self.use_conv:
-            x = self.conv_input(x)
-            x = kernels.causal_conv1d_fn(
-                x.transpose(1, 2),
-                self.conv1d.weight[:, 0, :],
-                self.conv1d.bias,
-                "silu",
-                initial_states=conv_in,
-                return_final_states=resume is not None,
-            )
-            if resume is not None:
-                x, conv_out = x
-            x = self.conv_output(x.transpose(1, 2))
+            x, window = self.convolve("conv", x, windows[0], resume)
+            windows = (window,)
         else:
             x = F.silu(x)
         dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         delta = F.linear(dt, self.dt_proj.weight)  # bias added (then softplus) in the scan
-
-        u, delta, z = x.transpose(1, 2), delta.transpose(1, 2), z.transpose(1, 2)  # (B, D, L)
-        B, C = B.transpose(1, 2), C.transpose(1, 2)  # (B, N, L)
-        A = -torch.exp(self.A_log.float())
-        D, delta_bias = self.D.float(), self.dt_proj.bias.float()
-
-        def scan(initial_state: torch.Tensor | None, reads: torch.Tensor | None, **keywords):
-            # (outputs, last state, the states at `reads` or None), as StateSite wants them
-            return kernels.selective_scan_fn(
-                u,
-                delta,
-                A,
-                B,
-                C,
-                D,
-                z=z,
-                delta_bias=delta_bias,
-                delta_softplus=True,
-                return_last_state=True,
-                initial_state=initial_state,
-                states_at=reads,
-                **keywords,
-            ) + ((None,) if reads is None else ())
-
-        def run_scan(initial_state, reads=None, out_at=None):
-            return scan(initial_state, reads, out_at=out_at)
-
-        def carry(jump: torch.Tensor, after: torch.Tensor, at: torch.Tensor | None):
-            # No inputs (u = 0) and no decay (dt = 0) where `after` is False: the jump waits
-            # there, then decays as the state does.
-            dt = F.softplus(delta.float() + delta_bias[:, None]) * after[:, None, :]
-            zero = torch.zeros_like(u)
-            return kernels.selective_scan_fn(
-                zero,
-                dt,
-                A,
-                B,
-                C,
-                z=z,
-                return_last_state=True,
-                initial_state=jump,
-                states_at=at,
-            ) + ((None,) if at is None else ())
-
-        def patched(initial_state, positions, values, reads):
-            return scan(initial_state, reads, out_at=at, state_patch=(positions, values))
-
-        if self.state.active:
-            if not self.state.patching:  # reads alone: the outputs at `at` still suffice
-                run_scan = functools.partial(run_scan, out_at=at)
-            y, ssm_out = self.state.scan(
-                run_scan, carry, length, batch, -1, initial_state=ssm_in, patched=patched
-            )
-            y = y.transpose(1, 2)  # (the patched scan reads out at `at` alone)
-            if at is not None and y.shape[1] != 1:
-                y = pick(y, at)
-        else:  # with `at`, the scan forms the outputs there alone: (B, D, 1)
-            y, ssm_out, _ = run_scan(ssm_in, out_at=at)
-            y = y.transpose(1, 2)
-        if resume is not None:
-            resume.state = (conv_out, ssm_out)
-        return self.out_proj(y)
+        scan_at = functools.partial(
+            kernels.selective_scan_at,
+            x.transpose(1, 2),  # (B, D, L)
+            delta.transpose(1, 2),
+            -torch.exp(self.A_log.float()),
+            B.transpose(1, 2),  # (B, N, L)
+            C.transpose(1, 2),
+            self.D.float(),
+            z.transpose(1, 2),
+            self.dt_proj.bias.float(),
+            True,
+            state,
+        )
+        result = self.scan(scan_at, batch, length, at, resume)
+        self.leave(resume, windows, result.final_state)
+        return self.out_proj(result.out.transpose(1, 2))
 
     def state_size(self, sequence_length: int) -> int:
         """Floats carried between tokens: the SSM state d_inner * d_state plus the conv's

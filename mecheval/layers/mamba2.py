@@ -12,12 +12,15 @@ its tensor-parallel and `d_ssm` options), so its state dict loads with `strict=T
     y = RMSNorm_groups(y * silu(z)) * norm.weight        (gated RMSNorm, per group of channels)
     out = y W_out
 
-The conv runs through `kernels.causal_conv1d_fn`, the scan through `kernels.mamba2_scan`
-(whichever backend the process default picks). No incremental decoding (`inference_params`).
+The conv runs through `kernels.causal_conv1d_fn`, the scan through `kernels.mamba2_scan_at`
+(whichever backend the process default picks; kernels.scan_at); what the model and the grid may
+use is declared by `RecurrentMixer` (mecheval.layers.recurrent). No incremental decoding
+(`inference_params`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -25,8 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
-from mecheval.layers.resume import Resume
-from mecheval.layers.sites import Site, StateSite
+from mecheval.layers.recurrent import RecurrentMixer
+from mecheval.layers.resume import Resume, pick
+from mecheval.layers.sites import StateSite
 
 
 class RMSNormGated(nn.Module):
@@ -69,7 +73,7 @@ class RMSNormGated(nn.Module):
         return out.to(dtype)
 
 
-class Mamba2(nn.Module):
+class Mamba2(RecurrentMixer):
     """Mamba-2 mixer.
 
     Sites: `conv_input` / `conv_output` (B, L, d_inner + 2 ngroups d_state), xBC before the
@@ -163,8 +167,7 @@ class Mamba2(nn.Module):
             )
             if conv_init is not None:
                 nn.init.uniform_(self.conv1d.weight, -conv_init, conv_init)
-            self.conv_input = Site("conv_input")
-            self.conv_output = Site("conv_output")
+            self.add_conv_sites("conv")
 
         # softplus(dt_bias) log-uniform in [dt_min, dt_max], as mamba-ssm initialises it.
         dt = torch.exp(
@@ -192,71 +195,47 @@ class Mamba2(nn.Module):
             )
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias, **factory)
         self.state = StateSite("state")
+        self.convs = ("conv",) if use_conv else ()
 
-    resumable = True  # see mecheval.layers.resume; context: (conv inputs, scan state)
-
-    @property
-    def local_sites(self) -> tuple[str, ...]:
-        """See mecheval.layers.sites: the conv's input is in_proj of one position."""
-        return ("conv_input",) if self.use_conv else ()
-
-    def forward(self, hidden_states: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
-        """hidden_states: (B, L, d_model) -> (B, L, d_model)."""
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        resume: Resume | None = None,
+        at: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """hidden_states: (B, L, d_model) -> (B, L, d_model), or (B, 1, d_model) at positions
+        `at` (B,)."""
         batch, length, _ = hidden_states.shape
-        conv_in, ssm_in = (None, None) if resume is None or resume.state is None else resume.state
-        conv_out = None
+        windows, state = self.context_in(resume)
         z, xBC, dt = self.in_proj(hidden_states).split(
             [self.d_inner, self.conv_dim, self.nheads], dim=-1
         )
         if self.use_conv:
-            xBC = self.conv_input(xBC)
-            xBC = kernels.causal_conv1d_fn(
-                xBC.transpose(1, 2),
-                self.conv1d.weight[:, 0, :],
-                self.conv1d.bias,
-                "silu",
-                initial_states=conv_in,
-                return_final_states=resume is not None,
-            )
-            if resume is not None:
-                xBC, conv_out = xBC
-            xBC = self.conv_output(xBC.transpose(1, 2))
+            xBC, window = self.convolve("conv", xBC, windows[0], resume)
+            windows = (window,)
         else:
             xBC = F.silu(xBC)
         G, N, H, P = self.ngroups, self.d_state, self.nheads, self.headdim
         x, B, C = xBC.split([self.d_inner, G * N, G * N], dim=-1)
-        x = x.unflatten(-1, (H, P))
-        B, C = B.unflatten(-1, (G, N)), C.unflatten(-1, (G, N))
-        A = -torch.exp(self.A_log.float())
         D = self.D.float().view(H, P) if self.D_has_hdim else self.D.float()
-        dt_bias = self.dt_bias.float()
-        gate = None if self.rmsnorm else z.unflatten(-1, (H, P))
-
-        def run_scan(initial_state: torch.Tensor | None, at: torch.Tensor | None = None):
-            return kernels.mamba2_scan(
-                x, dt, A, B, C, D, gate, dt_bias, True, initial_state, True, states_at=at
-            ) + ((None,) if at is None else ())
-
-        def carry(jump: torch.Tensor, after: torch.Tensor, at: torch.Tensor | None):
-            # No inputs (x = 0) and no decay (dt = 0) where `after` is False: the jump waits
-            # there, then decays as the state does.
-            step = F.softplus(dt.float() + dt_bias) * after[:, :, None]
-            return kernels.mamba2_scan(
-                torch.zeros_like(x), step, A, B, C, z=gate, initial_states=jump,
-                return_final_states=True, states_at=at,
-            ) + ((None,) if at is None else ())  # fmt: skip
-
-        if self.state.active:
-            y, ssm_out = self.state.scan(run_scan, carry, length, batch, 1, initial_state=ssm_in)
-        elif resume is not None:
-            y, ssm_out, _ = run_scan(ssm_in)
-        else:
-            y = kernels.mamba2_scan(x, dt, A, B, C, D, gate, dt_bias, True)
-        if resume is not None:
-            resume.state = (conv_out, ssm_out)
-        y = y.flatten(-2)  # (B, L, d_inner)
+        scan_at = functools.partial(
+            kernels.mamba2_scan_at,
+            x.unflatten(-1, (H, P)),
+            dt,
+            -torch.exp(self.A_log.float()),
+            B.unflatten(-1, (G, N)),
+            C.unflatten(-1, (G, N)),
+            D,
+            None if self.rmsnorm else z.unflatten(-1, (H, P)),
+            self.dt_bias.float(),
+            True,
+            state,
+        )
+        result = self.scan(scan_at, batch, length, at, resume)
+        self.leave(resume, windows, result.final_state)
+        y = result.out.flatten(-2)  # (B, L or 1, d_inner)
         if self.rmsnorm:
-            y = self.norm(y, z)
+            y = self.norm(y, z if at is None else pick(z, at))
         return self.out_proj(y)
 
     def state_size(self, sequence_length: int) -> int:

@@ -4,34 +4,24 @@ through an optional short convolution whose input and output are sites, in fla's
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from mecheval.layers.recurrent import RecurrentMixer
+from mecheval.layers.resume import Resume
 from mecheval.layers.short_conv import ShortConvolution
-from mecheval.layers.sites import Site
 
 
-class ShortConvQKV(nn.Module):
+class ShortConvQKV(RecurrentMixer):
     """Base class. A subclass sets `q_proj`, `k_proj`, `v_proj`, `num_heads`, `head_k_dim`,
     `head_v_dim`, `key_dim`, `value_dim`, `use_short_conv` and `conv_size`, and calls
     `_add_convs` when it uses short convs."""
 
     @property
-    def local_sites(self) -> tuple[str, ...]:
-        """See mecheval.layers.sites: the convs' inputs are projections of one position."""
-        return ("q_conv_input", "k_conv_input", "v_conv_input") if self.use_short_conv else ()
-
-    @property
-    def window_sites(self) -> dict[str, int]:
-        """See mecheval.layers.sites: each conv's output reads conv_size inputs."""
-        if not self.use_short_conv:
-            return {}
-        return {f"{x}_conv_output": self.conv_size for x in "qkv"}
-
-    @property
-    def readout_sites(self) -> dict[str, int]:
-        """See mecheval.layers.sites: q reads the state out at its own position alone (through
+    def readout_sites(self) -> Mapping[str, int]:
+        """See mecheval.layers.mixer: q reads the state out at its own position alone (through
         its conv: at the conv's width of positions)."""
         if not self.use_short_conv:
             return {}
@@ -42,28 +32,25 @@ class ShortConvQKV(nn.Module):
         self.q_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, qk_activation)
         self.k_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, qk_activation)
         self.v_conv1d = ShortConvolution(self.value_dim, conv_size, conv_bias, "silu")
-        for name in ("q", "k", "v"):
-            for end in ("input", "output"):
-                self.add_module(f"{name}_conv_{end}", Site(f"{name}_conv_{end}"))
+        self.convs = ("q_conv", "k_conv", "v_conv")
+        for prefix in self.convs:
+            self.add_conv_sites(prefix)
 
-    def _conv(self, name: str, x: torch.Tensor, cache, keep: bool):
-        x = getattr(self, f"{name}_conv_input")(x)
-        x, final = getattr(self, f"{name}_conv1d")(x, cache, output_final_state=keep)
-        return getattr(self, f"{name}_conv_output")(x), final
-
-    def _qkv(self, hidden_states: torch.Tensor, windows: tuple, keep: bool, qk_silu: bool):
-        """(q, k (B, L, H, K), v (B, L, H, V), the convs' last windows (None without convs or
-        when not `keep`)). `windows`: the convs' windows to resume from (None: from the start);
-        without convs, v goes through SiLU and q, k too when `qk_silu`."""
+    def _qkv(self, hidden_states: torch.Tensor, windows: tuple, resume: Resume | None, qk_silu):
+        """(q, k (B, L, H, K), v (B, L, H, V), the convs' last windows (empty without convs,
+        None entries when no context is to be left)). `windows`: the convs' windows to resume
+        from (None: from the start); without convs, v goes through SiLU and q, k too when
+        `qk_silu`."""
         batch, length, _ = hidden_states.shape
         q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
-        windows_out = (None,) * 3
+        windows_out = ()
         if self.use_short_conv:
-            (q, q_out), (k, k_out), (v, v_out) = (
-                self._conv(name, x, cache, keep)
-                for name, x, cache in zip("qkv", (q, k, v), windows, strict=True)
-            )
-            windows_out = (q_out, k_out, v_out)
+            outputs = [
+                self.convolve(prefix, x, window, resume, getattr(self, f"{prefix}1d").activation)
+                for prefix, x, window in zip(self.convs, (q, k, v), windows, strict=True)
+            ]
+            (q, _), (k, _), (v, _) = outputs
+            windows_out = tuple(window for _, window in outputs)
         else:
             if qk_silu:
                 q, k = F.silu(q), F.silu(k)

@@ -1,34 +1,7 @@
-"""Running a sequence in segments: a mixer's carried context from one segment to the next.
-
-The contract: a resumable mixer (class attribute `resumable = True`; every mixer of the zoo)
-takes `forward(x, resume=None)`. Given a `Resume`, it treats x as the positions that follow
-those whose context `Resume.state` holds (None: the sequence starts here), and leaves in
-`Resume.state` the context after x's last position. So two calls on [0, p) and [p, L), the
-second resuming from the first's context, give the outputs of one call on [0, L). Models pass
-contexts through `LanguageModel.resume_from(layer, residual, contexts) -> (logits, contexts)`;
-the interchange grid restarts a patched forward at the patched position this way, instead of
-recomputing the unchanged prefix. Nothing is set on a mixer from outside.
-
-The context is a tuple of tensors with the batch axis first (or None entries), whatever the
-mixer needs: the short convolutions' last inputs and the recurrent state for Mamba and
-DeltaNet, the keys and values so far for attention and Based's linear attention, and every past
-input of a long convolution (BaseConv, Hyena, H3's two SSMs, run as long convolutions), which
-the resumed segment convolves again with its own inputs appended.
-
-A mixer may also read its output out at one position per row alone (class attribute
-`reads_out_at = True`): `forward(x, resume=None, at=None)` with `at` (B,) returns (B, 1, C),
-the output at those positions, and still leaves the whole context. The last block of a model
-asks for it when only the query's logits are wanted (and nobody looks at the mixer's output);
-a long convolution then forms one output per row instead of every one. A mixer whose sites
-after its sequence mixing are looked at computes every position and picks (`pick`).
-
-A mixer may also say which of its sites hold its context (class attribute or property
-`context_sites`, short names): from one run's values of them, every position of each (a
-`state` site's: the states after the positions just before the resume points), its
-`context_from(values, point, index)` gives the context after positions [0, point) (index: the
-point's place among those read), the one a run of [0, point) leaves. The interchange grid then
-runs its base once and takes the contexts at its resume points from that run
-(`LanguageModel.context_sites`) instead of running it in segments.
+"""Running a sequence in segments: the context a resumable mixer carries from one segment to
+the next (`Resume`), and helpers to form contexts. What resuming means is part of the mixer
+contract (mecheval.layers.mixer); models pass contexts through
+`LanguageModel.resume_from(layer, residual, contexts) -> (logits, contexts)`.
 """
 
 from __future__ import annotations

@@ -15,27 +15,8 @@ Semantics, the same for every site:
 Because `Site` is an `nn.Module` called on every forward, standard forward hooks on it (and tools
 built on them) see, and may replace, the activation too.
 
-A mixer lists in `local_sites` (a tuple of site names, empty by default) its sites whose value at
-a position is a function of its input at that position alone (input projections before any
-sequence mixing). In the first block such a site sees one token alone, so where two documents
-agree on that token it holds the same value in both: the interchange grid knows a patch there
-is the identity without running it (mecheval.interventions.plan).
-
-A mixer lists in `window_sites` (a dict, empty by default) its sites whose value at a position
-is a function of its input at that position and the n - 1 before it alone (n the entry: a short
-convolution's output). In the first block, where two documents agree on those n tokens, a
-patch there is the identity too.
-
-A mixer names in `reach_site` (None by default) the site through which alone its input at a
-position reaches its output at other positions (the rest of its input acts at that position
-only, e.g. Mamba's gate z). In the last block, at a position before the query, a patch of the
-block's input, of its mixer's input or of that site then changes the logits at the query
-alike: the grid runs one of them and copies its results to the others.
-
-A mixer lists in `readout_sites` (a dict, empty by default) the sites whose value at a position
-reaches its output at that position and the next n - 1 alone (n the entry), never its state:
-DeltaNet's queries. In the last block such a patch cannot reach a query n or more positions on,
-and the grid does not run it (`model.query_reach()`).
+What a mixer declares about its sites (which are token-local, which a patch reaches from
+where) is part of the mixer contract: mecheval.layers.mixer.
 """
 
 from __future__ import annotations
@@ -45,6 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+from kernels import ScanAt
 
 
 @dataclass
@@ -163,45 +146,15 @@ def _apply(plan: SitePlan, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-# run_scan(initial_state, at) -> (outputs, the state after the last position, the states after
-# positions at[b, :] of each row b (B, P, *state_shape), or None for `at` None); initial_state
-# None means the scan's zero state.
-ScanFn = Callable[
-    [torch.Tensor | None, torch.Tensor | None],
-    tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
-]
-# carry(jump, after, at) -> (the change of the outputs, of the last state, of the states at `at`
-# or None) when each row's state jumps by jump[row] (B, *state_shape) after the last position
-# where after[row] (B, L) is False: the scan run with no inputs, from state `jump`, left
-# unchanged wherever `after` is False. Its outputs need not be masked.
-CarryFn = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor | None],
-    tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
-]
-
-
-# patched(initial_state, positions, values, at) -> run_scan's outputs for the scan whose state
-# after positions[b] (B,) is replaced with values[b] within the one scan (the output at the
-# position unpatched, states at `at` from it on patched); used without gradients, when given.
-PatchedFn = Callable[
-    [torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor | None],
-    tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
-]
-
-
 class StateSite(nn.Module):
     """The recurrent state of a scan, h_t = the state after position t, as a site.
 
-    Idle, the layer runs its scan in one call. Active, the layer hands `scan` two functions
-    (`ScanFn`, `CarryFn`) and the scan is never split: one run also returns the states after
-    the positions it is asked for (the kernels' `states_at`), which reads take. A patch replaces
-    the
-    state after position p_row, row by row: as the scan is affine in its state (Mamba's
-    h_t = a_t h_{t-1} + b_t, DeltaNet's S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T),
-    the patched run is the unpatched run plus the scan of the jump (patch - h_p) with no inputs,
-    from p + 1 on (`carry`): outputs from p + 1 on see the patched state, the output at p was
-    computed from the unpatched one. Reads come after patches (a read of a patched state is the
-    patched state). Every row may have its own positions: two scans whatever they are.
+    The layer hands `scan` its scan at positions (one of the `kernels.*_at` functions with the
+    layer's inputs bound, kernels.scan_at) and the scan runs once: idle, plainly; active, also
+    returning the states after the positions a read asks for (`states_at`) and replacing the
+    state after each row's patch position inside the scan (`state_patch`: the outputs after it
+    see the patched state, the output at it the unpatched one). Reads come after patches (a read
+    of a patched state is the patched state). Every row may have its own positions.
 
     Args:
         name: the site's short name, "state".
@@ -215,103 +168,51 @@ class StateSite(nn.Module):
     def extra_repr(self) -> str:
         return repr(self.name)
 
-    @property
-    def active(self) -> bool:
-        return self.plan is not None
-
-    @property
-    def patching(self) -> bool:
-        """Whether the plan patches the state (else it reads it alone, or is idle)."""
-        return self.plan is not None and self.plan.patching
-
     def scan(
         self,
-        run_scan: ScanFn,
-        carry: CarryFn,
-        length: int,
+        scan_at: Callable[..., ScanAt],
         batch: int,
-        time_dim: int,
-        initial_state: torch.Tensor | None = None,
-        patched: PatchedFn | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        length: int,
+        out_at: torch.Tensor | None = None,
+        return_final_state: bool = False,
+    ) -> ScanAt:
         """Run the scan as the plan says.
 
         Args:
-            run_scan: see `ScanFn`; its outputs have the batch axis first and the time axis at
-                `time_dim`.
-            carry: see `CarryFn`; its outputs are laid out as run_scan's.
-            length: sequence length L.
-            batch: batch size B.
-            time_dim: the time axis of the outputs.
-            initial_state: the state before position 0 (None: the scan's zero state).
-            patched: see `PatchedFn`: a scan that patches its state itself, one scan instead
-                of two for a patch (Mamba's); taken while no gradient is recorded.
-
-        Returns:
-            (the outputs for all L positions, the state after the last position).
+            scan_at: the layer's scan at positions, taking the keywords states_at, out_at,
+                state_patch and return_final_state and returning a `kernels.ScanAt`.
+            batch, length: the scan's B and L (positions are checked against them).
+            out_at: (B,) the one position per row whose output is wanted, or None (all).
+            return_final_state: whether the state after the last position is wanted.
         """
         plan = self.plan
-        read_pos = patch_pos = None
-        if plan.read and plan.read_positions is not None:
-            read_pos = plan.read_positions
-            plan.check_batch(read_pos, batch, "read")
-            plan.check_in_range(read_pos, length, "read")
+        if plan is None:
+            return scan_at(out_at=out_at, return_final_state=return_final_state)
+        read = patch = None
+        if plan.read:
+            read = plan.read_positions
+            if read is None:
+                read = torch.arange(length).expand(batch, length)
+            else:
+                plan.check_batch(read, batch, "read")
+                plan.check_in_range(read, length, "read")
+            read = read if read.dim() == 2 else read[:, None]
         if plan.patching:
-            patch_pos = plan.patch_positions
-            if patch_pos is None:
+            if plan.patch_positions is None:
                 raise ValueError(f"site {plan.name}: a state patch needs positions, got None")
-            plan.check_batch(patch_pos, batch, "patch")
-            plan.check_in_range(patch_pos, length, "patch")
-        columns = []  # the positions whose states are needed: the patch's, then the reads'
-        if patch_pos is not None:
-            columns.append(patch_pos[:, None])
-        if read_pos is not None:
-            columns.append(read_pos[:, None] if read_pos.dim() == 1 else read_pos)
-        elif plan.read:
-            columns.append(torch.arange(length).expand(batch, length))
-        device = columns[0].device
-        at = torch.cat([c.to(device=device, dtype=torch.long) for c in columns], dim=1)
-        if patch_pos is not None and patched is not None and not torch.is_grad_enabled():
-            return self._patched(patched, initial_state, patch_pos, at[:, 1:], read_pos)
-        y, last, states = run_scan(initial_state, at)
-        reads = states[:, 1:] if patch_pos is not None else states  # (B, P_read, ...)
-        if patch_pos is not None:
-            patch_pos = patch_pos.to(states.device)
-            values = plan.patch_values
-            if tuple(values.shape) != (batch, *states.shape[2:]):
-                raise ValueError(
-                    f"site {plan.name}: state patch values must have shape "
-                    f"{(batch, *states.shape[2:])}, got {tuple(values.shape)}"
-                )
-            jump = values.to(device=states.device, dtype=states.dtype) - states[:, 0]
-            after = torch.arange(length, device=states.device)[None, :] > patch_pos[:, None]
-            read_at = at[:, 1:].to(states.device) if plan.read else None
-            d_y, d_last, d_reads = carry(jump, after, read_at)
-            y = y + _time_mask(after, y, time_dim) * d_y.to(y.dtype)
-            if last is not None:  # (None: the caller wants no state after the last position)
-                last = last + d_last.to(last.dtype)
-            if plan.read:  # from p on, the states carry the jump
-                reached = read_at >= patch_pos[:, None]
-                reached = reached.view(*reached.shape, *(1,) * (jump.dim() - 1))
-                reads = reads + reached.to(reads.dtype) * d_reads.to(reads.dtype)
+            plan.check_batch(plan.patch_positions, batch, "patch")
+            plan.check_in_range(plan.patch_positions, length, "patch")
+            patch = (plan.patch_positions, plan.patch_values)
+        try:
+            result = scan_at(
+                states_at=read,
+                out_at=out_at,
+                state_patch=patch,
+                return_final_state=return_final_state,
+            )
+        except ValueError as error:  # the kernel names its argument; say which site it was
+            raise ValueError(f"site {plan.name}: {error}") from None
         if plan.read:
-            one = read_pos is not None and read_pos.dim() == 1
-            plan.record[plan.name] = reads[:, 0] if one else reads
-        return y, last
-
-    def _patched(self, patched: PatchedFn, initial_state, patch_pos, read_at, read_pos):
-        plan = self.plan
-        values = plan.patch_values
-        y, last, reads = patched(initial_state, patch_pos, values, read_at if plan.read else None)
-        if plan.read:
-            one = read_pos is not None and read_pos.dim() == 1
-            plan.record[plan.name] = reads[:, 0] if one else reads
-        return y, last
-
-
-def _time_mask(mask: torch.Tensor, like: torch.Tensor, time_dim: int) -> torch.Tensor:
-    """A (B, L) bool mask as a tensor of like's dtype, broadcastable against `like` (batch axis
-    first, time at time_dim)."""
-    shape = [1] * like.dim()
-    shape[0], shape[time_dim] = mask.shape
-    return mask.view(shape).to(like.dtype)
+            one = plan.read_positions is not None and plan.read_positions.dim() == 1
+            plan.record[plan.name] = result.states[:, 0] if one else result.states
+        return result

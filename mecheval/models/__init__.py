@@ -1,5 +1,5 @@
-"""The study's models (docs/study.md, "Models"), built from a typed config, with named
-intervention sites.
+"""The study's models (docs/study.md, "Models") and any mixer registered beside them, built from a
+typed config, with named intervention sites.
 
 model = build_model("mamba", vocab_size=8195, d_model=64, max_len=37)
 logits = model(tokens)                                   # (B, L) -> (B, L, V)
@@ -8,13 +8,28 @@ with model.intervene(reads={"layers.1.block_input": pos},
                      patches={"layers.0.conv_output": (pos, values)}) as record:
     logits = model(tokens)
 record["layers.1.block_input"]                           # (B, d_model)
+
+register_mixer("retnet", RetNet)                         # then build_model("retnet", ...),
+build_model("mypackage.mixers:RetNet", ...)              # or by import path, or a hybrid:
+build_model("mamba+attention", ...)                      # layer 0 Mamba, layer 1 attention
 """
 
 from __future__ import annotations
 
-from mecheval.models.blocks import MambaBlock, TransformerBlock, build_block, build_mixer
-from mecheval.models.config import ARCHITECTURES, OPTIONS, ModelConfig
+from mecheval.models.blocks import MambaBlock, TransformerBlock, build_block
+from mecheval.models.config import ARCHITECTURES, ModelConfig
 from mecheval.models.language_model import InterventionRecord, LanguageModel
+from mecheval.models.registry import (
+    Architecture,
+    MixerEntry,
+    architecture,
+    mixer_entry,
+    register_mixer,
+    registered,
+)
+
+# build_model's keywords that describe the model rather than its mixers.
+MODEL_OPTIONS = ("position_embeddings", "init", "l_max")
 
 
 def build_model_from_config(config: ModelConfig) -> LanguageModel:
@@ -22,6 +37,18 @@ def build_model_from_config(config: ModelConfig) -> LanguageModel:
     if not isinstance(config, ModelConfig):
         raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
     return LanguageModel(config)
+
+
+def model_config(
+    arch: str, vocab_size: int, d_model: int, n_layers: int = 2, *, max_len: int, **options
+) -> ModelConfig:
+    """The ModelConfig of `build_model`'s arguments: `options` are the model's
+    (position_embeddings, init, l_max) and its mixers' (see the architecture's factories); one
+    that applies to neither is refused by name."""
+    model = {k: options.pop(k) for k in MODEL_OPTIONS if k in options}
+    return ModelConfig(
+        arch, vocab_size, d_model, n_layers, max_len=max_len, **model, options=options
+    )
 
 
 def build_model(
@@ -33,28 +60,27 @@ def build_model(
     max_len: int,
     **options: object,
 ) -> LanguageModel:
-    """`build_model_from_config(ModelConfig(arch, vocab_size, d_model, n_layers, max_len=...,
-    **options))`; an unknown option raises ValueError naming it (options: see ModelConfig)."""
-    valid = (*OPTIONS, "init", "l_max")
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        raise ValueError(
-            f"unknown model option(s) {', '.join(unknown)}; options are {', '.join(valid)}"
-        )
-    config = ModelConfig(arch, vocab_size, d_model, n_layers, max_len=max_len, **options)
+    """`build_model_from_config(model_config(...))`: the model of these sizes and options."""
+    config = model_config(arch, vocab_size, d_model, n_layers, max_len=max_len, **options)
     return build_model_from_config(config)
 
 
 __all__ = [
     "ARCHITECTURES",
-    "OPTIONS",
+    "MODEL_OPTIONS",
+    "Architecture",
     "InterventionRecord",
     "LanguageModel",
     "MambaBlock",
+    "MixerEntry",
     "ModelConfig",
     "TransformerBlock",
+    "architecture",
     "build_block",
-    "build_mixer",
     "build_model",
     "build_model_from_config",
+    "mixer_entry",
+    "model_config",
+    "register_mixer",
+    "registered",
 ]

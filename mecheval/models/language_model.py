@@ -21,7 +21,7 @@ from torch import nn
 
 from mecheval.layers import Site, SitePlan, StateSite
 from mecheval.layers.resume import Resume
-from mecheval.models.blocks import MAMBA_BLOCK_ARCHS, build_block
+from mecheval.models.blocks import build_block
 from mecheval.models.config import ModelConfig
 
 # zoology's init scales the initial weights of these residual-stream outputs (GPT-2 style), by
@@ -55,7 +55,7 @@ class LanguageModel(nn.Module):
         self.config = config
         d = config.d_model
         self.embedding = nn.Embedding(config.vocab_size, d)
-        if config.option("position_embeddings"):
+        if config.uses_position_embeddings:
             self.position_embedding = nn.Embedding(config.max_len, d)
         else:
             self.position_embedding = None
@@ -65,6 +65,7 @@ class LanguageModel(nn.Module):
             self._init_weights()
         self._sites = self._collect_sites()
         self._intervening = False
+        self._context_sizes: dict[int, list[int]] = {}
 
     # -- forward ---------------------------------------------------------------------------
 
@@ -188,7 +189,7 @@ class LanguageModel(nn.Module):
         leave: bool = True,
     ) -> tuple[torch.Tensor | None, list[tuple]]:
         """Run positions that follow others (the contract between models and the intervention
-        engine; mecheval.layers.resume).
+        engine; mecheval.layers.mixer).
 
         Args:
             layer_index, residual, positions, head: as in `forward_from`; residual holds the
@@ -201,8 +202,8 @@ class LanguageModel(nn.Module):
 
         Returns:
             (logits, the contexts after these positions, one per block run). Every mixer of
-            the zoo resumes (its class says `resumable = True`); a model with one that cannot
-            must be rerun from position 0 instead.
+            the zoo resumes (it declares `resumable`); a model with one that does not is rerun
+            from position 0 instead (`can_resume`).
         """
         if not self.can_resume(layer_index):
             raise ValueError("a mixer from this layer on cannot resume a sequence")
@@ -214,11 +215,11 @@ class LanguageModel(nn.Module):
 
     def context_sites(self) -> list[str] | None:
         """The sites whose values in one run give every block's mixer context after any
-        position (their `context_sites`, see mecheval.layers.resume); None when a mixer does
-        not say (its contexts then come from a run in segments)."""
+        position (their `context_sites`, see mecheval.layers.mixer); None when a mixer does
+        not declare them (its contexts then come from a run in segments)."""
         names = []
         for i, block in enumerate(self.layers):
-            shorts = getattr(block.mixer, "context_sites", None)
+            shorts = block.mixer.context_sites
             if shorts is None:
                 return None
             names += [f"layers.{i}.{short}" for short in shorts]
@@ -239,7 +240,7 @@ class LanguageModel(nn.Module):
     def can_resume(self, layer_index: int = 0) -> bool:
         """Whether every mixer from this layer on resumes a sequence (`resume_from` may run
         from it); a caller reruns from position 0 where not."""
-        return all(getattr(block.mixer, "resumable", False) for block in self.layers[layer_index:])
+        return all(block.mixer.resumable for block in self.layers[layer_index:])
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """tokens: (B, L) integer -> logits (B, L, vocab_size), or (B, vocab_size) at one
@@ -254,29 +255,46 @@ class LanguageModel(nn.Module):
 
     def state_size(self, sequence_length: int | None = None) -> int:
         """Floats of state one sequence carries from token to token when generating, summed
-        over layers, after `sequence_length` tokens (default max_len).
+        over layers, after `sequence_length` tokens (default max_len): each mixer's
+        `state_size`, or, where a mixer declares none, the floats of the context it leaves.
 
-        Per mixer: attention keeps its key/value cache (2 d L); Mamba its SSM state
-        (d_inner d_state) and conv window (d_inner (d_conv - 1)); DeltaNet its state
-        (H K V) and three conv windows; Based its KV and normaliser state over the symmetric
-        Taylor features; H3 its shift-SSM taps and diagonal-SSM modes; long convolutions
-        (Hyena, BaseConv's long conv) every past input (d L) plus short-conv windows; a short
-        conv its last W - 1 inputs. MLPs and norms carry nothing. zoology counts fewer terms
-        for some mixers (only the SSM state for Mamba, only d N for H3); each mixer's
-        `state_size` says which.
+        Per mixer of the zoo: attention keeps its key/value cache (2 d L); Mamba its SSM state
+        (d_inner d_state) and conv window (d_inner (d_conv - 1)); DeltaNet its state (H K V)
+        and three conv windows; Based its KV and normaliser state over the symmetric Taylor
+        features; H3 its shift-SSM taps and diagonal-SSM modes; long convolutions (Hyena,
+        BaseConv's long conv) every past input (d L) plus short-conv windows; a short conv its
+        last W - 1 inputs. MLPs and norms carry nothing. zoology counts fewer terms for some
+        mixers (only the SSM state for Mamba, only d N for H3); each mixer's `state_size` says
+        which.
         """
         length = self.config.max_len if sequence_length is None else sequence_length
-        return sum(block.mixer.state_size(length) for block in self.layers)
+        total = 0
+        for i, block in enumerate(self.layers):
+            size = block.mixer.state_size(length)
+            total += self._context_floats(length)[i] if size is None else size
+        return total
 
     def context_size(self, sequence_length: int) -> int:
         """Floats of the contexts a sequence run in segments carries after `sequence_length`
-        tokens (mecheval.layers.resume), summed over layers: a mixer's `context_size` where it
-        keeps something else than its generating state (H3 and Based keep past inputs, or
-        keys and values), else its `state_size`."""
-        return sum(
-            getattr(block.mixer, "context_size", block.mixer.state_size)(sequence_length)
-            for block in self.layers
-        )
+        tokens, summed over layers: counted from the contexts a one-row run of that length
+        leaves (mecheval.layers.mixer; 0 for a mixer that does not resume)."""
+        return sum(self._context_floats(sequence_length))
+
+    def _context_floats(self, length: int) -> list[int]:
+        """Per block, the floats of the context its mixer leaves after `length` positions of
+        one row (measured once per length; 0 where a mixer does not resume)."""
+        if length not in self._context_sizes:
+            sizes = [0] * len(self.layers)
+            if length > 0:
+                parameter = next(self.parameters())
+                x = parameter.new_zeros(1, length, self.config.d_model)
+                resumes = [Resume() if b.mixer.resumable else None for b in self.layers]
+                with torch.no_grad():
+                    for block, resume in zip(self.layers, resumes, strict=True):
+                        x = block(x, resume)
+                sizes = [0 if r is None else _floats(r.state) for r in resumes]
+            self._context_sizes[length] = sizes
+        return list(self._context_sizes[length])
 
     # -- sites -----------------------------------------------------------------------------
 
@@ -298,26 +316,26 @@ class LanguageModel(nn.Module):
     def token_local_sites(self) -> list[str]:
         """Sites whose value at a position depends on the token there (and the position) alone:
         the first block's input, its normalised input and its mixer's `local_sites` (see
-        mecheval.layers.sites)."""
+        mecheval.layers.mixer)."""
         mixer = self.layers[0].mixer
-        local = ["block_input", "mixer_input", *getattr(mixer, "local_sites", ())]
+        local = ["block_input", "mixer_input", *mixer.local_sites]
         return [f"layers.0.{short}" for short in local if f"layers.0.{short}" in self._sites]
 
     def window_local_sites(self) -> dict[str, int]:
         """Sites of the first block whose value at a position depends on the tokens at it and
         the n - 1 before it alone (n the entry): its mixer's `window_sites` (see
-        mecheval.layers.sites)."""
-        windows = getattr(self.layers[0].mixer, "window_sites", {})
+        mecheval.layers.mixer)."""
+        windows = self.layers[0].mixer.window_sites
         names = {f"layers.0.{short}": n for short, n in windows.items()}
         return {name: n for name, n in names.items() if name in self._sites}
 
     def query_alike_sites(self) -> list[str]:
         """Sites of the last block whose patches at a position before the query change the
         logits there alike: the block's input (its residual at that position reaches no
-        other), its normalised input and its mixer's `reach_site` (see mecheval.layers.sites),
+        other), its normalised input and its mixer's `reach_site` (see mecheval.layers.mixer),
         in forward order."""
         last = len(self.layers) - 1
-        reach = getattr(self.layers[last].mixer, "reach_site", None)
+        reach = self.layers[last].mixer.reach_site
         shorts = ["block_input", "mixer_input"] + ([reach] if reach else [])
         return [f"layers.{last}.{s}" for s in shorts if f"layers.{last}.{s}" in self._sites]
 
@@ -325,11 +343,11 @@ class LanguageModel(nn.Module):
         """Sites of the last block whose value at a position reaches the logits at that
         position and the next n - 1 alone (n the entry): those after its mixer (the block, the
         final norm and the head then act on each position alone: 1) and its mixer's
-        `readout_sites` (see mecheval.layers.sites)."""
+        `readout_sites` (see mecheval.layers.mixer)."""
         last = len(self.layers) - 1
         after = ("mixer_output", "mlp_input", "mlp_output", "block_output")
         reach = {short: 1 for short in after}
-        reach.update(getattr(self.layers[last].mixer, "readout_sites", {}))
+        reach.update(self.layers[last].mixer.readout_sites)
         names = {f"layers.{last}.{short}": n for short, n in reach.items()}
         return {name: n for name, n in names.items() if name in self._sites}
 
@@ -371,7 +389,7 @@ class LanguageModel(nn.Module):
         Semantics: a patch replaces the activation at (row, position) and the forward pass
         continues from it. A read records the activation after any patch at the same site.
         Patching `state` at position p replaces the state after p: outputs from p + 1 on see
-        the patched state (the scan is not split: see mecheval.layers.sites.StateSite). Reads keep
+        the patched state (inside the one scan: see mecheval.layers.sites.StateSite). Reads keep
         their autograd graph (run under torch.no_grad() to avoid that). A later forward pass
         inside the same block overwrites the record. Blocks do not nest.
         """
@@ -408,34 +426,41 @@ class LanguageModel(nn.Module):
     # -- initialisation ---------------------------------------------------------------------
 
     def _init_weights(self) -> None:
-        """GPT-2 / zoology scheme for most models; mamba-ssm's LM scheme for Mamba models.
+        """GPT-2 / zoology scheme for Transformer blocks; mamba-ssm's LM scheme for Mamba blocks.
 
         Default: every Linear weight ~ N(0, 0.02) (zoology's init, filter MLPs included),
         Linear biases 0, embeddings ~ N(0, 0.02), out_proj and fc2 weights ~ N(0, 0.02 /
         sqrt(2 n_layers)); convolutions, norms and SSM parameters keep their layers' own inits.
-        Mamba and Mamba-2 models (the study's MambaBlock init): embeddings ~ N(0, 0.02), Linear
-        biases 0 except mamba-ssm's `_no_reinit` dt bias, Linear weights at PyTorch's default,
-        out_proj ~ kaiming-uniform / sqrt(n_layers); A_log, D and dt keep mamba-ssm's layer init
-        (Mamba-2's dt_bias is no Linear bias: it keeps its init too).
+        Mamba blocks (the study's MambaBlock init): Linear biases 0 except mamba-ssm's
+        `_no_reinit` dt bias, Linear weights at PyTorch's default, out_proj ~ kaiming-uniform /
+        sqrt(n_layers); A_log, D and dt keep mamba-ssm's layer init (Mamba-2's dt_bias is no
+        Linear bias: it keeps its init too). A hybrid's blocks each take their own scheme.
         """
         n_layers = self.config.n_layers
-        mamba = self.config.arch in MAMBA_BLOCK_ARCHS
+        mamba_blocks = [i for i, block in enumerate(self.layers) if block.kind == "mamba"]
+        in_mamba = {id(m) for i in mamba_blocks for m in self.layers[i].modules()}
         for module in self.modules():
             if isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, std=INITIALIZER_RANGE)
             elif isinstance(module, nn.Linear):
-                if not mamba:
+                if id(module) not in in_mamba:
                     nn.init.normal_(module.weight, std=INITIALIZER_RANGE)
                 if module.bias is not None and not getattr(module.bias, "_no_reinit", False):
                     nn.init.zeros_(module.bias)
+        prefixes = tuple(f"layers.{i}." for i in mamba_blocks)
         for name, p in self.named_parameters():
             if name.endswith(_RESIDUAL_OUTPUTS):
                 with torch.no_grad():
-                    if mamba:
+                    if name.startswith(prefixes):
                         nn.init.kaiming_uniform_(p, a=math.sqrt(5))
                         p /= math.sqrt(n_layers)
                     else:
                         nn.init.normal_(p, std=INITIALIZER_RANGE / math.sqrt(2 * n_layers))
+
+
+def _floats(context: tuple | None) -> int:
+    """The floats a context holds."""
+    return sum(t.numel() for t in context or () if t is not None)
 
 
 def _check_positions(name: str, what: str, positions: object, allow_none: bool) -> None:

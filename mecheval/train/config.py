@@ -41,7 +41,9 @@ class TaskSection:
 
 @dataclass
 class ModelSection:
-    """Which model. vocab_size and max_len come from the task; `options` go to `build_model`."""
+    """Which model. vocab_size and max_len come from the task; `options` go to `build_model`.
+    `arch` is a registered name (the zoo's: mecheval.models.ARCHITECTURES), an import path
+    (`package.module:Name`) or a hybrid of them by layer (`mamba+attention`)."""
 
     arch: str = "attention"
     d_model: int = 64
@@ -184,7 +186,7 @@ def validate_config(config: TrainConfig):
     """Check what `train` will need, before it writes anything: the device, the task and its
     options, the architecture and its options; returns the task. Raises ConfigError naming the
     section."""
-    from mecheval.models import OPTIONS, ModelConfig
+    from mecheval.models import model_config
     from mecheval.tasks import make_task
 
     resolve_device(config.device)
@@ -192,15 +194,9 @@ def validate_config(config: TrainConfig):
         task = make_task(config.task.name, **config.task.options)
     except (TypeError, ValueError) as error:
         raise ConfigError(f"task: {error}") from None
-    unknown = sorted(set(config.model.options) - {*OPTIONS, "init", "l_max"})
-    if unknown:
-        raise ConfigError(
-            f"model.options: unknown option(s) {', '.join(unknown)}; options are "
-            f"{', '.join((*OPTIONS, 'init', 'l_max'))}"
-        )
     m = config.model
     try:
-        ModelConfig(
+        model_config(
             m.arch,
             task.vocab_size,
             m.d_model,

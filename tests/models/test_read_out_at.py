@@ -1,4 +1,4 @@
-"""Mixers that read out at one position per row (`reads_out_at`, mecheval.layers.resume): the
+"""Mixers that read out at one position per row (`reads_out_at`, mecheval.layers.mixer): the
 output at `at` equals the whole run's there, also resumed mid-sequence (and the context left
 is the whole run's), also while a site after the sequence mixing is looked at; the last block
 asks for it only while nobody looks at the mixer's output."""
@@ -20,7 +20,7 @@ def _mixers():
         torch.manual_seed(0)
         model = build_model(arch, V, D, max_len=L).eval()
         for i, block in enumerate(model.layers):
-            if getattr(block.mixer, "reads_out_at", False):
+            if block.mixer.reads_out_at:
                 yield f"{arch}.{i}", block.mixer
 
 
@@ -29,7 +29,7 @@ MIXERS = dict(_mixers())
 
 def test_the_slow_mixers_read_out_at_positions():
     kinds = {type(m).__name__ for m in MIXERS.values()}
-    assert {"Mamba", "DeltaNet", "H3", "Hyena"} <= kinds
+    assert {"Mamba", "Mamba2", "DeltaNet", "GatedDeltaNet", "H3", "Hyena"} <= kinds
 
 
 @pytest.mark.parametrize("name", list(MIXERS))

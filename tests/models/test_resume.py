@@ -1,4 +1,4 @@
-"""Resumable mixers (mecheval.layers.resume): a sequence run in segments, each resuming from
+"""Resumable mixers (mecheval.layers.mixer): a sequence run in segments, each resuming from
 the context the previous one left, gives the outputs of one run; also through a state patch."""
 
 from __future__ import annotations

@@ -1,0 +1,115 @@
+"""RecurrentMixer: what Mamba, Mamba-2, DeltaNet and Gated DeltaNet share. Each projects its
+input, runs short causal convolutions over some of the projections, then a recurrent scan whose
+state is a `StateSite`; so each resumes from (the convolutions' windows, the state), reads its
+output out at one position, and declares the same sites.
+
+A subclass names its convolutions in `convs` (site prefixes: "conv" for Mamba's x, "q_conv",
+"k_conv", "v_conv" for DeltaNet's), each an `nn.Conv1d` (or `ShortConvolution`) at attribute
+`{prefix}1d` with sites `{prefix}_input` and `{prefix}_output` (`add_conv_sites`), fed with a
+projection of the mixer's input at each position alone; and a `StateSite` at `state`. Its
+forward then reads the context with `context_in(resume)`, runs each convolution with
+`convolve(...)`, the scan with `scan(...)`, and leaves the context with `leave(...)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+
+import kernels
+from mecheval.layers.mixer import Mixer
+from mecheval.layers.resume import Resume, conv_window
+from mecheval.layers.sites import Site, StateSite
+
+
+class RecurrentMixer(Mixer):
+    """Base class: short convolutions, then a scan with a state site (see the module
+    docstring). Contexts are (the windows of `convs` in order, (B, C, width - 1) each, the
+    scan's state)."""
+
+    resumable = True
+    reads_out_at = True
+    convs: tuple[str, ...] = ()
+    state: StateSite
+
+    def add_conv_sites(self, prefix: str) -> None:
+        for end in ("input", "output"):
+            self.add_module(f"{prefix}_{end}", Site(f"{prefix}_{end}"))
+
+    def conv_width(self, prefix: str) -> int:
+        conv: nn.Conv1d = getattr(self, f"{prefix}1d")
+        return conv.kernel_size[0]
+
+    @property
+    def local_sites(self) -> tuple[str, ...]:
+        """The convolutions' inputs: projections of one position."""
+        return tuple(f"{prefix}_input" for prefix in self.convs)
+
+    @property
+    def window_sites(self) -> Mapping[str, int]:
+        """Each convolution's output reads its width of inputs."""
+        return {f"{prefix}_output": self.conv_width(prefix) for prefix in self.convs}
+
+    @property
+    def context_sites(self) -> tuple[str, ...]:
+        """The convolutions' inputs and the state."""
+        return (*self.local_sites, "state")
+
+    def context_from(self, values: dict, point: int, index: int) -> tuple:
+        """(each convolution's last width - 1 inputs before `point`, the state there)."""
+        windows = tuple(
+            conv_window(values[f"{prefix}_input"], point, self.conv_width(prefix))
+            for prefix in self.convs
+        )
+        return (*windows, values["state"][:, index].contiguous())
+
+    def context_in(self, resume: Resume | None) -> tuple[tuple, torch.Tensor | None]:
+        """(the convolutions' windows to continue from, the state to continue from); None
+        entries for a sequence that starts here."""
+        if resume is None or resume.state is None:
+            return (None,) * len(self.convs), None
+        return resume.state[:-1], resume.state[-1]
+
+    @staticmethod
+    def leave(resume: Resume | None, windows: tuple, state: torch.Tensor | None) -> None:
+        if resume is not None:
+            resume.state = (*windows, state)
+
+    def convolve(
+        self,
+        prefix: str,
+        x: torch.Tensor,
+        window: torch.Tensor | None,
+        resume: Resume | None,
+        activation: str | None = "silu",
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, L, C) through convolution `prefix` and its sites: (its output (B, L, C), its
+        window after x's last position, or None when no context is to be left)."""
+        conv: nn.Conv1d = getattr(self, f"{prefix}1d")
+        keep = resume is not None and resume.leave
+        x = getattr(self, f"{prefix}_input")(x)
+        y = kernels.causal_conv1d_fn(
+            x.transpose(1, 2),
+            conv.weight[:, 0, :],
+            conv.bias,
+            initial_states=window,
+            return_final_states=keep,
+            activation=activation,
+        )
+        y, window = y if keep else (y, None)
+        return getattr(self, f"{prefix}_output")(y.transpose(1, 2)), window
+
+    def scan(
+        self,
+        scan_at: Callable[..., kernels.ScanAt],
+        batch: int,
+        length: int,
+        at: torch.Tensor | None,
+        resume: Resume | None,
+    ) -> kernels.ScanAt:
+        """The scan through the state site: its output at every position, or at `at` (B,)
+        alone, and its final state when a context is to be left."""
+        final = resume is not None and resume.leave
+        return self.state.scan(scan_at, batch, length, out_at=at, return_final_state=final)

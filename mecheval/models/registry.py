@@ -1,0 +1,235 @@
+"""Architectures by name: one table from a name to the factory of its mixer.
+
+    register_mixer("retnet", RetNet)                  a mixer of your own, by name
+    architecture("retnet")                            -> Architecture
+    architecture("mypackage.mixers:RetNet")           a mixer named by import path
+    architecture("mamba+attention")                   a hybrid: the parts by layer, cycling
+
+A factory (a `Mixer` subclass or a function returning a `Mixer`) is called as
+`factory(d_model, **options)`, plus, when it takes them by name, `layer_idx` (the layer's index
+in the model), `n_layers` and `l_max` (the model's sizing length). Its other keyword parameters
+are the architecture's options, their defaults the factory's; an option the factory does not
+take is refused by name (unless it takes **kwargs). Each entry also says which block wraps the
+mixer ("transformer": norm, mixer, norm, MLP; "mamba": RMSNorm and mixer, no MLP, with
+mamba-ssm's initialisation) and whether models of it get position embeddings by default.
+
+An import path `module:attribute` names a factory (registered on the fly with the defaults:
+a transformer block, no position embeddings) or the entry `register_mixer` returned (so a
+module of yours can register with other settings and be named by path). The current directory
+is searched too, as `python -m` would. Names are what configs, run folders and reports record:
+a run trained on a registered name needs that registration in the process that loads it again;
+an import path needs nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+from mecheval.layers import Mixer
+
+BLOCKS = ("transformer", "mamba")
+# Arguments a factory may take besides its options, filled in by the model.
+CONTEXT = ("layer_idx", "n_layers", "l_max")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class MixerEntry:
+    """One architecture's mixer: see the module docstring.
+
+    Attributes:
+        name: the name it is registered (or imported) under.
+        factory: builds the mixer of one layer.
+        block: "transformer" or "mamba".
+        position_embeddings: whether its models get learned position embeddings by default.
+        options: option -> default, from the factory's keyword parameters.
+        open_options: the factory takes **kwargs (any option passes through).
+        context: which of CONTEXT the factory takes.
+    """
+
+    name: str
+    factory: Callable[..., Mixer]
+    block: str
+    position_embeddings: bool
+    options: Mapping[str, object]
+    open_options: bool
+    context: frozenset[str]
+
+    def build(self, d_model: int, layer_idx: int, n_layers: int, l_max: int, options) -> Mixer:
+        """The mixer of layer `layer_idx`, with `options` (those it takes)."""
+        context = {"layer_idx": layer_idx, "n_layers": n_layers, "l_max": l_max}
+        kwargs = {k: v for k, v in context.items() if k in self.context}
+        mixer = self.factory(d_model, **kwargs, **options)
+        if not isinstance(mixer, Mixer):
+            raise TypeError(
+                f"architecture {self.name!r}: its factory returned a {type(mixer).__name__}, "
+                "not a mecheval.layers.Mixer (derive from it: a forward(x) is enough)"
+            )
+        return mixer
+
+    def takes(self, option: str) -> bool:
+        return self.open_options or option in self.options
+
+
+def _entry(name: str, factory, block: str, position_embeddings: bool) -> MixerEntry:
+    if not callable(factory):
+        raise TypeError(f"the factory of mixer {name!r} must be callable, got {factory!r}")
+    if block not in BLOCKS:
+        raise ValueError(f"block must be one of {BLOCKS}, got {block!r}")
+    target = factory.__init__ if inspect.isclass(factory) else factory
+    parameters = list(inspect.signature(target).parameters.values())
+    if inspect.isclass(factory):
+        parameters = parameters[1:]  # self
+    kinds = inspect.Parameter
+    positional = [
+        p for p in parameters if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+    ]
+    if not positional:
+        raise TypeError(f"the factory of mixer {name!r} must take d_model as its first argument")
+    options, context = {}, set()
+    for p in parameters[1:]:
+        if p.name in CONTEXT:
+            context.add(p.name)
+        elif p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY):
+            if p.default is kinds.empty:
+                raise TypeError(
+                    f"the factory of mixer {name!r} takes {p.name!r} without a default: "
+                    f"options need defaults (the model fills in only d_model and {CONTEXT})"
+                )
+            options[p.name] = p.default
+    open_options = any(p.kind is kinds.VAR_KEYWORD for p in parameters)
+    return MixerEntry(
+        name,
+        factory,
+        block,
+        bool(position_embeddings),
+        MappingProxyType(options),
+        open_options,
+        frozenset(context),
+    )
+
+
+_REGISTRY: dict[str, MixerEntry] = {}
+
+
+def register_mixer(
+    name: str,
+    factory: Callable[..., Mixer],
+    *,
+    block: str = "transformer",
+    position_embeddings: bool = False,
+    replace: bool = False,
+) -> MixerEntry:
+    """Register a mixer under `name` (see the module docstring) and return its entry.
+
+    Args:
+        name: letters, digits, "_", "." and "-" ("+" joins hybrids, ":" marks import paths).
+        factory: a `Mixer` subclass or a function returning one, called as
+            factory(d_model, [layer_idx, n_layers, l_max,] **options).
+        block: "transformer" or "mamba".
+        position_embeddings: give its models learned position embeddings by default.
+        replace: allow replacing an entry of that name (else a second registration is an error).
+    """
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"mixer name {name!r} must be letters, digits, '_', '.' or '-'")
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"a mixer named {name!r} is already registered (pass replace=True)")
+    entry = _entry(name, factory, block, position_embeddings)
+    _REGISTRY[name] = entry
+    return entry
+
+
+def registered() -> tuple[str, ...]:
+    """The registered names, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def mixer_entry(name: str) -> MixerEntry:
+    """The entry of one mixer: a registered name or an import path `module:attribute`."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"arch must be a non-empty string, got {name!r}")
+    if ":" in name:
+        return _imported(name)
+    if name not in _REGISTRY:
+        raise ValueError(
+            f"unknown arch {name!r}: registered are {', '.join(_REGISTRY)}; register yours with "
+            "mecheval.models.register_mixer, or name it by import path (package.module:Name)"
+        )
+    return _REGISTRY[name]
+
+
+def _imported(path: str) -> MixerEntry:
+    module_name, _, attribute = path.partition(":")
+    try:
+        module = _import(module_name)
+    except ImportError as error:
+        raise ValueError(f"arch {path!r}: cannot import {module_name!r} ({error})") from None
+    target = getattr(module, attribute, None)
+    if target is None:
+        raise ValueError(f"arch {path!r}: module {module_name!r} has no {attribute!r}")
+    if isinstance(target, MixerEntry):
+        return target
+    return _entry(path, target, "transformer", False)
+
+
+def _import(module_name: str):
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        here = str(Path.cwd())
+        if here in sys.path or not module_name.startswith(error.name or "\0"):
+            raise
+        sys.path.append(here)  # as `python -m` would: the current directory's packages
+        return importlib.import_module(module_name)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """An architecture: its mixers by layer (a hybrid's parts repeat over the layers)."""
+
+    name: str
+    parts: tuple[MixerEntry, ...]
+
+    def part(self, layer_idx: int) -> MixerEntry:
+        return self.parts[layer_idx % len(self.parts)]
+
+    @property
+    def position_embeddings(self) -> bool:
+        return any(p.position_embeddings for p in self.parts)
+
+    def option_defaults(self) -> dict[str, object]:
+        """Every option some part takes, with the first such part's default."""
+        defaults: dict[str, object] = {}
+        for part in self.parts:
+            for option, default in part.options.items():
+                defaults.setdefault(option, default)
+        return defaults
+
+    def check_options(self, options: Mapping[str, object]) -> None:
+        unknown = [o for o in options if not any(p.takes(o) for p in self.parts)]
+        if unknown:
+            known = ", ".join(self.option_defaults()) or "none"
+            raise ValueError(
+                f"option(s) {', '.join(unknown)} do not apply to arch {self.name!r} "
+                f"(its options: {known})"
+            )
+
+    def options_of(self, layer_idx: int, options: Mapping[str, object]) -> dict[str, object]:
+        """The options that the mixer of layer `layer_idx` takes."""
+        part = self.part(layer_idx)
+        return {k: v for k, v in options.items() if part.takes(k)}
+
+
+def architecture(name: str) -> Architecture:
+    """The architecture `name` names: a registered name, an import path, or parts joined by
+    "+" (a hybrid, cycling over the layers)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"arch must be a non-empty string, got {name!r}")
+    return Architecture(name, tuple(mixer_entry(part) for part in name.split("+")))

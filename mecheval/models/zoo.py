@@ -1,0 +1,227 @@
+"""The zoo: the study's architectures (docs/study.md, "Models") and those beyond it, registered
+by name (mecheval.models.registry). Each factory's keyword parameters are the architecture's
+options, with the study's defaults; the checks here are those a layer does not make itself.
+
+base_conv alternates a short conv (even layers) and an implicit long conv (odd layers); based
+alternates a BaseConv short conv (even) and Based linear attention (odd), as zoology configures
+them for the study (so a 1-layer based model is a single BaseConv layer). The study's Based
+ablation: base_conv_long has the implicit long conv in every layer, based_long alternates a
+long-conv BaseConv (even) and Based linear attention (odd). The `_noconv` variants drop the
+short convolutions (Mamba keeps the conv's SiLU).
+"""
+
+from __future__ import annotations
+
+from mecheval.layers import (
+    H3,
+    BaseConv,
+    BasedLinearAttention,
+    CausalSelfAttention,
+    DeltaNet,
+    GatedDeltaNet,
+    Hyena,
+    Mamba,
+    Mamba2,
+)
+from mecheval.models.registry import register_mixer
+
+
+def _int(name: str, value: object, low: int = 1, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in {low}..{high}"
+        raise ValueError(f"{name} must be {bounds}, got {value}")
+    return value
+
+
+def _divides(d_model: int, name: str, value: int) -> None:
+    if d_model % value:
+        raise ValueError(f"d_model {d_model} must be divisible by {name} {value}")
+
+
+def attention(d_model: int, num_heads: int = 1) -> CausalSelfAttention:
+    _divides(d_model, "num_heads", _int("num_heads", num_heads))
+    return CausalSelfAttention(d_model, num_heads=num_heads)
+
+
+def base_conv(
+    d_model: int, layer_idx: int, l_max: int, d_conv: int = 3, filter_order: int = 16
+) -> BaseConv:
+    _int("d_conv", d_conv, 1, 8)
+    width = d_conv if layer_idx % 2 == 0 else -1
+    return BaseConv(
+        d_model, l_max, kernel_size=width, filter_order=_int("filter_order", filter_order)
+    )
+
+
+def base_conv_long(d_model: int, l_max: int, filter_order: int = 16) -> BaseConv:
+    return BaseConv(d_model, l_max, kernel_size=-1, filter_order=_int("filter_order", filter_order))
+
+
+def based(
+    d_model: int,
+    layer_idx: int,
+    l_max: int,
+    d_conv: int = 3,
+    feature_dim: int = 8,
+    num_heads: int = 1,
+) -> BaseConv | BasedLinearAttention:
+    _int("d_conv", d_conv, 1, 8)
+    _divides(d_model, "num_heads", _int("num_heads", num_heads))
+    if layer_idx % 2 == 0:
+        return BaseConv(d_model, l_max, kernel_size=d_conv)
+    return BasedLinearAttention(
+        d_model, feature_dim=_int("feature_dim", feature_dim), num_heads=num_heads
+    )
+
+
+def based_long(
+    d_model: int,
+    layer_idx: int,
+    l_max: int,
+    filter_order: int = 16,
+    feature_dim: int = 8,
+    num_heads: int = 1,
+) -> BaseConv | BasedLinearAttention:
+    _divides(d_model, "num_heads", _int("num_heads", num_heads))
+    if layer_idx % 2 == 0:
+        order = _int("filter_order", filter_order)
+        return BaseConv(d_model, l_max, kernel_size=-1, filter_order=order)
+    return BasedLinearAttention(
+        d_model, feature_dim=_int("feature_dim", feature_dim), num_heads=num_heads
+    )
+
+
+def h3(d_model: int, l_max: int, d_state: int | None = None, head_dim: int = 2) -> H3:
+    """d_state None: l_max (the study sets H3's state size to its sizing length)."""
+    d_state = l_max if d_state is None else _int("d_state", d_state)
+    _divides(d_model, "head_dim", _int("head_dim", head_dim))
+    if d_state < 2:
+        raise ValueError(f"h3 needs d_state >= 2, got {d_state}")
+    return H3(d_model, d_state=d_state, head_dim=head_dim)
+
+
+def hyena(d_model: int, l_max: int, d_conv: int = 3, filter_order: int = 64) -> Hyena:
+    _int("d_conv", d_conv, 1, 8)
+    return Hyena(
+        d_model, l_max, filter_order=_int("filter_order", filter_order), short_filter_order=d_conv
+    )
+
+
+def mamba(
+    d_model: int, layer_idx: int, d_state: int = 16, d_conv: int = 4, expand: int = 2
+) -> Mamba:
+    """d_conv in 1..4: the study's ablation covers 1..4 (and mamba-ssm's CUDA conv stops
+    there)."""
+    _int("d_conv", d_conv, 1, 4)
+    return Mamba(
+        d_model,
+        d_state=_int("d_state", d_state),
+        d_conv=d_conv,
+        expand=_int("expand", expand),
+        layer_idx=layer_idx,
+    )
+
+
+def mamba_noconv(d_model: int, layer_idx: int, d_state: int = 16, expand: int = 2) -> Mamba:
+    return Mamba(
+        d_model,
+        d_state=_int("d_state", d_state),
+        expand=_int("expand", expand),
+        layer_idx=layer_idx,
+        use_conv=False,
+    )
+
+
+def mamba2(
+    d_model: int,
+    layer_idx: int,
+    d_state: int = 64,
+    d_conv: int = 4,
+    expand: int = 2,
+    head_dim: int = 16,
+) -> Mamba2:
+    """Mamba-2 at the study's widths (docs/deviations.md: d_state 64, head_dim 16)."""
+    return _mamba2(d_model, layer_idx, d_state, _int("d_conv", d_conv, 1, 8), expand, head_dim)
+
+
+def mamba2_noconv(
+    d_model: int, layer_idx: int, d_state: int = 64, expand: int = 2, head_dim: int = 16
+) -> Mamba2:
+    return _mamba2(d_model, layer_idx, d_state, None, expand, head_dim)
+
+
+def _mamba2(d_model, layer_idx, d_state, d_conv, expand, head_dim) -> Mamba2:
+    d_inner = _int("expand", expand) * d_model
+    if d_inner % _int("head_dim", head_dim):
+        raise ValueError(f"expand * d_model = {d_inner} must be divisible by head_dim {head_dim}")
+    return Mamba2(
+        d_model,
+        d_state=_int("d_state", d_state),
+        d_conv=d_conv or 4,
+        expand=expand,
+        headdim=head_dim,
+        layer_idx=layer_idx,
+        use_conv=d_conv is not None,
+    )
+
+
+def deltanet(d_model: int, layer_idx: int, d_conv: int = 4, num_heads: int = 1) -> DeltaNet:
+    return _deltanet(d_model, layer_idx, _int("d_conv", d_conv, 1, 8), num_heads)
+
+
+def deltanet_noconv(d_model: int, layer_idx: int, num_heads: int = 1) -> DeltaNet:
+    return _deltanet(d_model, layer_idx, None, num_heads)
+
+
+def _deltanet(d_model, layer_idx, d_conv, num_heads) -> DeltaNet:
+    _divides(d_model, "num_heads", _int("num_heads", num_heads))
+    return DeltaNet(
+        d_model=d_model,
+        num_heads=num_heads,
+        use_short_conv=d_conv is not None,
+        conv_size=d_conv or 4,
+        layer_idx=layer_idx,
+    )
+
+
+def gated_deltanet(
+    d_model: int, layer_idx: int, d_conv: int = 4, num_heads: int = 1
+) -> GatedDeltaNet:
+    return _gated_deltanet(d_model, layer_idx, _int("d_conv", d_conv, 1, 8), num_heads)
+
+
+def gated_deltanet_noconv(d_model: int, layer_idx: int, num_heads: int = 1) -> GatedDeltaNet:
+    return _gated_deltanet(d_model, layer_idx, None, num_heads)
+
+
+def _gated_deltanet(d_model, layer_idx, d_conv, num_heads) -> GatedDeltaNet:
+    """One value per key dimension (expand_v 1, not fla's 2): DeltaNet's state size."""
+    _divides(d_model, "num_heads", _int("num_heads", num_heads))
+    return GatedDeltaNet(
+        d_model=d_model,
+        head_dim=d_model // num_heads,
+        num_heads=num_heads,
+        expand_v=1.0,
+        use_short_conv=d_conv is not None,
+        conv_size=d_conv or 4,
+        layer_idx=layer_idx,
+    )
+
+
+register_mixer("attention", attention, position_embeddings=True)
+register_mixer("base_conv", base_conv)
+register_mixer("base_conv_long", base_conv_long)
+register_mixer("based", based)
+register_mixer("based_long", based_long)
+register_mixer("h3", h3)
+register_mixer("hyena", hyena)
+register_mixer("mamba", mamba, block="mamba")
+register_mixer("mamba_noconv", mamba_noconv, block="mamba")
+register_mixer("mamba2", mamba2, block="mamba")
+register_mixer("mamba2_noconv", mamba2_noconv, block="mamba")
+register_mixer("deltanet", deltanet)
+register_mixer("deltanet_noconv", deltanet_noconv)
+register_mixer("gated_deltanet", gated_deltanet)
+register_mixer("gated_deltanet_noconv", gated_deltanet_noconv)
