@@ -146,6 +146,11 @@ def register_mixer(
     return entry
 
 
+def unregister_mixer(name: str) -> None:
+    """Remove a registered mixer (mecheval.testing registers factories for a check's time)."""
+    _REGISTRY.pop(name, None)
+
+
 def registered() -> tuple[str, ...]:
     """The registered names, in registration order."""
     return tuple(_REGISTRY)

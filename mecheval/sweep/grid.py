@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,8 @@ def run_name(config: TrainConfig) -> str:
     """e.g. `ar-mamba-d64-l2-lr0.001-s42-3f2a9c1e`."""
     digest = hashlib.sha256(json.dumps(identity(config), sort_keys=True).encode()).hexdigest()[:8]
     m = config.model
-    readable = f"{config.task.name}-{m.arch}-d{m.d_model}-l{m.n_layers}"
+    arch = re.sub(r"[^A-Za-z0-9_.+-]", "_", m.arch)  # an import path's ":" and any "/"
+    readable = f"{config.task.name}-{arch}-d{m.d_model}-l{m.n_layers}"
     return f"{readable}-lr{config.optim.lr:g}-s{config.seed}-{digest}"
 
 

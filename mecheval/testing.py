@@ -1,0 +1,396 @@
+"""`check_mixer`: the conformance check a user runs on their own mixer (docs/mixers.md).
+
+    from mecheval.testing import check_mixer
+    report = check_mixer("mypackage.mixers:RetNet")      # or a registered name, or the class
+    print(report)                                        # one line per check
+
+It builds the mixer (which checks its declarations against its sites), then checks on random
+inputs what the interchange grid relies on: that the mixer is causal; that a run in segments
+resumed from contexts equals one run, and that it reads out at positions, when it says so;
+that every declaration holds on the mixer itself (local and window sites, the reach site, the
+read-out sites, the context sites, the state sites); and that the interchange grid equals the
+per-cell patching loop on a small model built with it. Each check compares against an
+independent run of the mixer, never against the mechanism it checks. A failure raises
+`MixerCheckError` with the report; a declaration the mixer does not make is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from mecheval.interventions import interchange_grid, per_cell_loop
+from mecheval.layers import Mixer
+from mecheval.layers.resume import Resume, context_rows
+from mecheval.layers.sites import SitePlan, StateSite
+from mecheval.models import build_model, model_config
+from mecheval.models.registry import register_mixer, unregister_mixer
+from mecheval.tasks import make_task
+
+GRID_COLUMNS = ("p_original", "p_corrupted", "p_restored", "logit_restored", "kl")
+
+
+@dataclass
+class Check:
+    """One check: passed (True), failed (False) or skipped (None: nothing declared)."""
+
+    name: str
+    passed: bool | None
+    detail: str = ""
+
+
+@dataclass
+class MixerReport:
+    """Every check of one mixer, in the order they ran."""
+
+    arch: str
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.passed is False]
+
+    def __str__(self) -> str:
+        mark = {True: "ok  ", False: "FAIL", None: "skip"}
+        lines = [f"check_mixer({self.arch!r}):"]
+        lines += [f"  {mark[c.passed]} {c.name}: {c.detail}" for c in self.checks]
+        return "\n".join(lines)
+
+
+class MixerCheckError(AssertionError):
+    """A mixer failed a check of `check_mixer`; `report` holds every check."""
+
+    def __init__(self, report: MixerReport) -> None:
+        super().__init__(str(report))
+        self.report = report
+
+
+def check_mixer(
+    arch: str | Callable[..., Mixer],
+    *,
+    d_model: int = 16,
+    options: dict | None = None,
+    length: int = 12,
+    batch: int = 3,
+    grid: bool = True,
+    seed: int = 0,
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+) -> MixerReport:
+    """Check a mixer against the contract (see the module docstring).
+
+    Args:
+        arch: a registered name, an import path (`package.module:Name`), or a factory (a
+            `Mixer` subclass or a function returning one, as `register_mixer` takes it).
+        d_model: the width it is checked at.
+        options: the mixer's options (as a model config gives them).
+        length, batch: the random inputs' sequence length and batch size.
+        grid: also compare the interchange grid with the per-cell loop on a small 2-layer
+            model of this mixer (the slowest check).
+        seed: the seed of the inputs and of the mixers' weights.
+        atol, rtol: tolerances of every comparison.
+
+    Returns:
+        the report; raises MixerCheckError when a check fails.
+    """
+    with _named(arch) as name:
+        report = MixerReport(name)
+        config = model_config(name, 64, d_model, 2, max_len=length, **(options or {}))
+        for layer in range(config.n_layers):
+            torch.manual_seed(seed + layer)
+            mixer = config.mixer(layer).eval()
+            prefix = f"layer {layer} ({type(mixer).__name__})"
+            probe = _Probe(mixer, d_model, length, batch, seed, atol, rtol)
+            for check in probe.checks():
+                report.checks.append(Check(f"{prefix} {check.name}", check.passed, check.detail))
+        if grid:
+            report.checks.append(_grid_check(name, d_model, options or {}, seed, atol, rtol))
+    if report.failed:
+        raise MixerCheckError(report)
+    return report
+
+
+@contextlib.contextmanager
+def _named(arch) -> Iterator[str]:
+    """The name to build `arch` by: itself, or a factory registered for the check's time."""
+    if isinstance(arch, str):
+        yield arch
+        return
+    name = f"check_mixer.{getattr(arch, '__qualname__', 'mixer')}".replace("<", "").replace(">", "")
+    register_mixer(name, arch, replace=True)
+    try:
+        yield name
+    finally:
+        unregister_mixer(name)
+
+
+class _Probe:
+    """Runs one mixer with reads and patches of its own sites and checks each declaration."""
+
+    def __init__(self, mixer: Mixer, d_model, length, batch, seed, atol, rtol) -> None:
+        self.mixer, self.length, self.batch = mixer, length, batch
+        self.atol, self.rtol = atol, rtol
+        g = torch.Generator().manual_seed(seed)
+        self.random = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
+        self.x = self.random(batch, length, d_model)
+        self.rows = torch.arange(batch)
+
+    def run(self, x, reads=None, patches=None, **kwargs):
+        """(the mixer's output, its sites' reads) with `reads` {site: positions or None} and
+        `patches` {site: (positions, values)} planned on its own sites."""
+        record: dict[str, torch.Tensor] = {}
+        sites = self.mixer.sites()
+        plans = {}
+        for name, positions in (reads or {}).items():
+            plans[name] = SitePlan(name, record, read=True, read_positions=positions)
+        for name, (positions, values) in (patches or {}).items():
+            plan = plans.setdefault(name, SitePlan(name, record))
+            plan.patch_positions, plan.patch_values = positions, values
+        for name, plan in plans.items():
+            sites[name].plan = plan
+        try:
+            with torch.no_grad():
+                out = self.mixer(x, **kwargs)
+        finally:
+            for name in plans:
+                sites[name].plan = None
+        return out, record
+
+    def same(self, a, b) -> bool:
+        return a.shape == b.shape and torch.allclose(a, b, atol=self.atol, rtol=self.rtol)
+
+    def checks(self) -> Iterator[Check]:
+        for check in (
+            self.shape,
+            self.causal,
+            self.resumes,
+            self.reads_out_at,
+            self.local_sites,
+            self.window_sites,
+            self.reach_site,
+            self.readout_sites,
+            self.context_sites,
+            self.state_sites,
+        ):
+            yield check()
+
+    def shape(self) -> Check:
+        out, _ = self.run(self.x)
+        ok = out.shape == self.x.shape
+        return Check("forward", ok, f"{tuple(self.x.shape)} -> {tuple(out.shape)}")
+
+    def causal(self) -> Check:
+        whole, _ = self.run(self.x)
+        for p in (1, self.length // 2, self.length - 1):
+            later = self.x.clone()
+            later[:, p:] = self.random(self.batch, self.length - p, self.x.shape[-1])
+            changed, _ = self.run(later)
+            if not self.same(changed[:, :p], whole[:, :p]):
+                return Check("causal", False, f"inputs from position {p} on change earlier outputs")
+        return Check("causal", True, "later inputs never change earlier outputs")
+
+    def _pieces(self, cuts, **kwargs):
+        """The outputs of the segments [0, cuts[0]), [cuts[0], cuts[1]), ..., each resuming
+        from the context the one before left, and the context left after the last."""
+        resume, outs = Resume(), []
+        for start, stop in itertools.pairwise([0, *cuts, self.length]):
+            out, _ = self.run(self.x[:, start:stop], resume=resume, **kwargs)
+            outs.append(out)
+        return torch.cat(outs, 1), resume.state
+
+    def resumes(self) -> Check:
+        if not self.mixer.resumable:
+            return Check("resumable", None, "not declared: the grid reruns whole documents")
+        whole, _ = self.run(self.x)
+        cuts = [1, self.length // 2]
+        pieces, context = self._pieces(cuts)
+        if not self.same(pieces, whole):
+            return Check("resumable", False, f"a run cut at {cuts} differs from one run")
+        rows = torch.tensor([self.batch - 1, 0])
+        first = Resume()
+        self.run(self.x[:, : cuts[1]], resume=first)
+        rest, _ = self.run(self.x[rows, cuts[1] :], resume=Resume(context_rows(first.state, rows)))
+        if not self.same(rest, whole[rows, cuts[1] :]):
+            return Check("resumable", False, "contexts do not have the batch axis first")
+        quiet, _ = self.run(self.x[:, cuts[1] :], resume=Resume(first.state, leave=False))
+        if not self.same(quiet, whole[:, cuts[1] :]):
+            return Check("resumable", False, "resuming with leave=False changes the outputs")
+        return Check("resumable", True, f"a run cut at {cuts} equals one run")
+
+    def reads_out_at(self) -> Check:
+        if not self.mixer.reads_out_at:
+            return Check("reads_out_at", None, "not declared: the grid forms every output")
+        whole, _ = self.run(self.x)
+        at = torch.tensor([self.length - 1, 0, self.length // 2][: self.batch])
+        out, _ = self.run(self.x, at=at)
+        if not self.same(out, whole[self.rows, at][:, None]):
+            return Check("reads_out_at", False, "forward(x, at=at) differs from forward(x) at at")
+        if self.mixer.resumable:  # and in a resumed run, at positions of its own
+            cut = self.length // 3
+            resume = Resume()
+            self.run(self.x[:, :cut], resume=resume)
+            later = cut + at % (self.length - cut)
+            out, _ = self.run(self.x[:, cut:], resume=resume, at=later - cut)
+            if not self.same(out, whole[self.rows, later][:, None]):
+                return Check("reads_out_at", False, "reading out at positions of a resumed run")
+        return Check(
+            "reads_out_at", True, "the output at one position per row equals the whole run's"
+        )
+
+    def _agreeing(self, keep: slice) -> torch.Tensor:
+        """New random inputs that agree with self.x at positions `keep` alone."""
+        other = self.random(*self.x.shape)
+        other[:, keep] = self.x[:, keep]
+        return other
+
+    def local_sites(self) -> Check:
+        return self._windowed("local_sites", {s: 1 for s in self.mixer.local_sites})
+
+    def window_sites(self) -> Check:
+        return self._windowed("window_sites", dict(self.mixer.window_sites))
+
+    def _windowed(self, declaration: str, widths: dict[str, int]) -> Check:
+        if not widths:
+            return Check(declaration, None, "none declared")
+        t = self.length - 1
+        for site, n in widths.items():
+            start = max(0, t - n + 1)
+            _, ours = self.run(self.x, reads={site: None})
+            _, theirs = self.run(self._agreeing(slice(start, t + 1)), reads={site: None})
+            if not self.same(ours[site][:, t], theirs[site][:, t]):
+                what = "its own position" if n == 1 else f"positions {start}..{t}"
+                return Check(declaration, False, f"{site} at {t} depends on more than {what}")
+        return Check(declaration, True, ", ".join(f"{s} ({n})" for s, n in widths.items()))
+
+    def reach_site(self) -> Check:
+        site = self.mixer.reach_site
+        if site is None:
+            return Check("reach_site", None, "none declared")
+        p = self.length // 3
+        changed = self.x.clone()
+        changed[:, p] = self.random(self.batch, self.x.shape[-1])
+        theirs, read = self.run(changed, reads={site: torch.full((self.batch,), p)})
+        ours, _ = self.run(self.x, patches={site: (torch.full((self.batch,), p), read[site])})
+        if not self.same(ours[:, p + 1 :], theirs[:, p + 1 :]):
+            return Check("reach_site", False, f"the input at {p} reaches later outputs past {site}")
+        return Check("reach_site", True, f"{site} carries the input to later positions")
+
+    def readout_sites(self) -> Check:
+        widths = dict(self.mixer.readout_sites)
+        if not widths:
+            return Check("readout_sites", None, "none declared")
+        whole, _ = self.run(self.x)
+        p = 1
+        for site, n in widths.items():
+            _, read = self.run(self.x, reads={site: torch.full((self.batch,), p)})
+            values = read[site] + self.random(*read[site].shape)
+            out, _ = self.run(self.x, patches={site: (torch.full((self.batch,), p), values)})
+            far = torch.ones(self.length, dtype=torch.bool)
+            far[p : p + n] = False
+            if not self.same(out[:, far], whole[:, far]):
+                return Check(
+                    "readout_sites", False, f"{site} at {p} reaches outputs past {p + n - 1}"
+                )
+        return Check("readout_sites", True, ", ".join(f"{s} ({n})" for s, n in widths.items()))
+
+    def context_sites(self) -> Check:
+        names = self.mixer.context_sites
+        if names is None:
+            return Check("context_sites", None, "not declared: the grid runs its base in segments")
+        points = [self.length // 3, self.length - 2]
+        sites = self.mixer.sites()
+        before = torch.tensor(points)[None].expand(self.batch, -1) - 1
+        reads = {s: before if isinstance(sites[s], StateSite) else None for s in names}
+        _, values = self.run(self.x, reads=reads)
+        for index, point in enumerate(points):
+            resume = Resume()
+            self.run(self.x[:, :point], resume=resume)
+            ours = self.mixer.context_from(values, point, index)
+            if not _same_context(ours, resume.state, self.same):
+                detail = f"context_from at {point} differs from what a run of [0, {point}) leaves"
+                return Check("context_sites", False, detail)
+        return Check("context_sites", True, f"{', '.join(names)} give the contexts at {points}")
+
+    def state_sites(self) -> Check:
+        states = [s for s, m in self.mixer.sites().items() if isinstance(m, StateSite)]
+        if not states:
+            return Check("state sites", None, "none")
+        whole, _ = self.run(self.x)
+        p = self.length // 2
+        at = torch.full((self.batch,), p)
+        for site in states:
+            _, read = self.run(self.x, reads={site: at})
+            same, _ = self.run(self.x, patches={site: (at, read[site])})
+            if not self.same(same, whole):
+                return Check(
+                    "state sites", False, f"patching {site} with its own value changes the run"
+                )
+            if not self.mixer.resumable:
+                continue
+            first = Resume()
+            self.run(self.x[:, : p + 1], resume=first)
+            slot = [
+                i
+                for i, t in enumerate(first.state)
+                if t is not None and t.shape == read[site].shape and self.same(t, read[site])
+            ]
+            if not slot:
+                continue
+            values = read[site] + self.random(*read[site].shape)
+            patched, _ = self.run(self.x, patches={site: (at, values)})
+            context = list(first.state)
+            context[slot[0]] = values
+            resumed, _ = self.run(self.x[:, p + 1 :], resume=Resume(tuple(context)))
+            if not self.same(patched[:, : p + 1], whole[:, : p + 1]) or not self.same(
+                patched[:, p + 1 :], resumed
+            ):
+                return Check(
+                    "state sites",
+                    False,
+                    f"a patch of {site} at {p} differs from resuming from the patched state",
+                )
+        return Check(
+            "state sites",
+            True,
+            f"{', '.join(states)}: reads and patches equal resuming from the state",
+        )
+
+
+def _same_context(ours, theirs, same) -> bool:
+    if ours is None or theirs is None:
+        return ours is theirs
+    if len(ours) != len(theirs):
+        return False
+    return all(
+        (a is None and b is None) or (a is not None and b is not None and same(a, b))
+        for a, b in zip(ours, theirs, strict=True)
+    )
+
+
+def _grid_check(name: str, d_model: int, options: dict, seed: int, atol, rtol) -> Check:
+    """The interchange grid equals the per-cell loop on a small 2-layer model of the mixer,
+    every site, the named positions."""
+    task = make_task("ar", num_pairs=4, num_keys=16)
+    torch.manual_seed(seed)
+    model = build_model(name, task.vocab_size, d_model, max_len=task.max_document_length, **options)
+    with torch.no_grad():  # sharper weights than the init: patches then matter
+        for p in model.parameters():
+            p.mul_(4.0)
+    batch = task.sample(6, seed=seed, split="dev")
+    corrupted = task.corrupt(batch, at="key", seed=seed)
+    fast = interchange_grid(model.eval(), batch, corrupted)
+    slow = per_cell_loop(model, batch, corrupted)
+    keys = ["example", "layer", "site", "position"]
+    merged = fast.merge(slow, on=keys, suffixes=("", "_loop"), validate="one_to_one")
+    if len(merged) != len(fast) or len(fast) != len(slow):
+        return Check("grid", False, f"{len(fast)} grid cells against {len(slow)} loop cells")
+    for column in GRID_COLUMNS:
+        if not np.allclose(merged[column], merged[f"{column}_loop"], atol=atol, rtol=rtol):
+            worst = float(np.abs(merged[column] - merged[f"{column}_loop"]).max())
+            return Check("grid", False, f"{column} differs from the per-cell loop by {worst:.2e}")
+    return Check("grid", True, f"{len(fast)} cells equal the per-cell loop")
