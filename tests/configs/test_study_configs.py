@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mecheval.models import ModelConfig
+from mecheval.models import model_config
 from mecheval.sweep import load_sweep
 from mecheval.tasks import make_task
 
@@ -177,8 +177,8 @@ GRIDS = {
 def position_embeddings(config) -> bool:
     """Whether the run's model has position embeddings (the option, else mecheval's default)."""
     model = config.model
-    resolved = ModelConfig(model.arch, 50, model.d_model, max_len=8, **model.options)
-    return resolved.option("position_embeddings")
+    resolved = model_config(model.arch, 50, model.d_model, max_len=8, **model.options)
+    return resolved.uses_position_embeddings
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +248,7 @@ def test_every_model_setting_fits_its_task(name, sweeps):
             continue
         seen.add(setting)
         task = make_task(c.task.name, **c.task.options)
-        ModelConfig(
+        model_config(
             c.model.arch,
             task.vocab_size,
             16,
