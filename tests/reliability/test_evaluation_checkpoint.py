@@ -89,3 +89,14 @@ def test_a_step_not_kept_is_named_with_the_steps_kept(tmp_path, capsys):
         f"mecheval: error: {run}/checkpoints/step_000000004: missing; step 4 was asked for; "
         "kept: steps 6, 8"
     )
+
+
+def test_a_result_written_before_it_named_step_and_checksum_still_names_its_checkpoint(
+    tmp_path,
+):
+    run, _ = _trained(tmp_path)
+    result = json.loads((run / "result.json").read_text())
+    del result["checkpoint_step"], result["checkpoint_sha256"]
+    (run / "result.json").write_text(json.dumps(result))
+    table = evaluate_run(run, positions=["key"], corruptions=["key"])
+    assert set(table["step"]) == {8}  # from the folder it names, step_000000008
