@@ -22,6 +22,7 @@ import pandas as pd
 from mecheval.evaluate import EXAMPLES, INTERVENTIONS
 from mecheval.interventions import attrib_intervals, readout
 from mecheval.interventions.scores import MECHANISMS
+from mecheval.io import read_parquet
 from mecheval.over_training import CONV_POSITIONS, OVER_TRAINING
 
 READOUTS = tuple(MECHANISMS)
@@ -32,6 +33,7 @@ IDENTITY = (
     "n_layers",
     "lr",
     "task",
+    "step",
     "accuracy",
     "corruption",
     "replacement_ids",
@@ -39,9 +41,17 @@ IDENTITY = (
 BOOTSTRAP_REPS = 1000
 
 
+def read_evaluation(run: str | Path, name: str) -> pd.DataFrame:
+    """A table a run's evaluation wrote (`name`: interventions.parquet, examples.parquet,
+    readouts_over_training.parquet); DamagedFileError names one that cannot be read, and how to
+    write it anew."""
+    run = Path(run)
+    return read_parquet(run / name, fix=f"evaluate the run again: mecheval evaluate {run} --force")
+
+
 def key_grid(path: str | Path) -> pd.DataFrame:
     """The key-corruption grid of a run, grid columns only."""
-    grid = pd.read_parquet(Path(path) / INTERVENTIONS)
+    grid = read_evaluation(path, INTERVENTIONS)
     grid = grid[grid["corruption"] == "key"]
     return grid.drop(columns=[c for c in IDENTITY if c in grid])
 
@@ -99,9 +109,8 @@ def over_training_table(best: pd.DataFrame) -> pd.DataFrame:
     """The stored read-outs over training of the selected runs, with their identity."""
     frames = []
     for _, run in best.iterrows():
-        path = Path(run["path"]) / OVER_TRAINING
-        if path.exists():
-            table = pd.read_parquet(path)
+        if (Path(run["path"]) / OVER_TRAINING).exists():
+            table = read_evaluation(run["path"], OVER_TRAINING)
             for column in ("task", "setting", "arch", "d_model", "n_layers", "lr"):
                 table.insert(0, column, run[column])
             frames.append(table)
@@ -145,7 +154,7 @@ def distance_table(best: pd.DataFrame, bins: int = 4) -> pd.DataFrame:
         path = Path(run["path"])
         if not (path / EXAMPLES).exists():
             continue
-        examples = pd.read_parquet(path / EXAMPLES)
+        examples = read_evaluation(path, EXAMPLES)
         distance = examples["distance"]
         edges = np.unique(np.quantile(distance, np.linspace(0, 1, bins + 1)))
         if len(edges) < 2:

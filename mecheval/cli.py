@@ -1,15 +1,22 @@
 """The `mecheval` command line. It only parses arguments, loads configs and calls the library:
 everything here can be done from Python too.
 
+    mecheval [--debug] COMMAND ...
     mecheval train [--config FILE] [--out DIR] [key=value ...]
     mecheval sweep FILE [--out DIR] [--executor local|ray] [--workers N] [--retries N]
                         [--address ADDR] [--dry-run] [--stack] [--only key=value ...]
                         [key=value ...]
     mecheval data stats [--task ar|atr] [--n N] [--grammar-seeds K] [key=value ...]
     mecheval evaluate RUN_DIR|SWEEP_DIR [--device cpu] [--split dev] [--positions ...]
-                      [--corruptions ...] [--seed N] [--memory-budget BYTES] [--force]
+                      [--corruptions ...] [--seed N] [--memory-budget BYTES]
+                      [--step N|latest] [--force]
     mecheval report DIR [--out DIR]
     mecheval run [CONFIG] [--out DIR] [key=value ...]
+
+Every error the user can fix (a bad option or config, a missing or damaged file, a folder in
+use by another process, a run that diverged) ends the command with one line on stderr naming
+it, and exit status 2 (a bad option or config) or 1 (anything else). Anything else is a bug:
+one line saying so, exit status 3, and its traceback with `--debug`.
 """
 
 from __future__ import annotations
@@ -19,7 +26,14 @@ import sys
 from pathlib import Path
 
 from mecheval.config import ConfigError
-from mecheval.evaluate_config import EvaluateConfig
+from mecheval.evaluate_config import LATEST, EvaluateConfig, OptionError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (the usage is one `--help` away)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _count(minimum: int):
@@ -46,12 +60,44 @@ class _Deprecated(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+def _step(text: str) -> int | str:
+    """An argparse type: a checkpoint step number, or "latest" (checked by the library)."""
+    if text == LATEST:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a step number or {LATEST!r}, got {text!r}"
+        ) from None
+
+
+def _folder(path: Path, option: str = "--out") -> Path:
+    """`path`, refused by name when it, or a folder it would be made in, is a file."""
+    for above in [path, *path.parents]:
+        if above.exists():
+            if not above.is_dir():
+                where = "is a file" if above == path else f"lies under {above}, which is a file"
+                raise ConfigError(f"{option}: {path} {where}; give a folder")
+            break
+    return path
+
+
+def _check_cache() -> None:
+    """Refuse a dataset cache that cannot be written (MECHEVAL_CACHE naming a file) before any
+    run starts."""
+    from mecheval.tasks.dataset_cache import default_cache_dir
+
+    default_cache_dir()
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from mecheval.sweep import run_name
     from mecheval.train import load_train_config, train
 
     config = load_train_config(args.config, args.overrides)
-    out = Path(args.out) if args.out else Path("runs") / run_name(config)
+    out = _folder(Path(args.out) if args.out else Path("runs") / run_name(config))
+    _check_cache()
     result = train(config, out)
     dev, test = result["dev_accuracy"], result["test_accuracy"]
     print(f"{out}: dev accuracy {dev:.4f}, test accuracy {test:.4f}")
@@ -74,7 +120,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         runs = select_runs(runs, args.only)
         if not runs:
             raise ConfigError(f"--only {' '.join(args.only)} matches no run of {args.file}")
-    out = Path(args.out) if args.out else Path("runs") / Path(args.file).stem
+    out = _folder(Path(args.out) if args.out else Path("runs") / Path(args.file).stem)
+    _check_cache()
     if args.dry_run:
         print(
             f"{len(runs)} runs in {args.file}; measuring a few steps of each distinct model",
@@ -116,24 +163,40 @@ def _cmd_data_stats(args: argparse.Namespace) -> int:
     if unknown or not names:
         raise ConfigError(f"--task takes 'ar' and/or 'atr', got {args.task}")
     options = parse_overrides(overrides)
-    tasks = [make_task(name, **options) for name in names]
+    try:
+        tasks = [make_task(name, **options) for name in names]
+    except (TypeError, ValueError) as error:  # a task option (named by the task)
+        raise ConfigError(str(error)) from None
+    _check_cache()
     print(stats_table(tasks, n=args.n, seed=args.seed, grammar_seeds=args.grammar_seeds))
     return 0
 
 
-def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from mecheval.evaluate import evaluate_all
+def _flag(option: str) -> str:
+    """An EvaluateConfig field as `mecheval evaluate` names it (memory_budget: --memory-budget)."""
+    return "--" + option.replace("_", "-")
 
-    table = evaluate_all(
-        args.path,
-        split=args.split,
-        device=args.device,
-        corruptions=args.corruptions,
-        positions=args.positions,
-        seed=args.seed,
-        memory_budget=args.memory_budget,
-        force=args.force,
-    )
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from mecheval.evaluate import evaluate_all, evaluation_summary, finished_runs
+
+    _check_cache()
+    try:
+        table = evaluate_all(
+            args.path,
+            split=args.split,
+            device=args.device,
+            corruptions=args.corruptions,
+            positions=args.positions,
+            seed=args.seed,
+            memory_budget=args.memory_budget,
+            step=args.step,
+            force=args.force,
+        )
+    except OptionError as error:
+        raise error.renamed(_flag) from None
+    for run in finished_runs(args.path):
+        print(evaluation_summary(run))
     print(f"evaluated {table['run'].nunique()} run(s): {len(table)} cells x examples")
     return 0
 
@@ -141,7 +204,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from mecheval.report import build_report
 
-    out = build_report(args.path, args.out)
+    out = build_report(args.path, _folder(Path(args.out)) if args.out else None)
     print(f"{out / 'report.md'}\n{out / 'report.html'}")
     return 0
 
@@ -155,15 +218,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.config and "=" in args.config:  # `mecheval run workers=4`: an override, no file
         args.overrides, args.config = [args.config, *args.overrides], None
     config = load_run_config(args.config, args.overrides)
-    done = run_pipeline(config, args.out)
+    _check_cache()
+    done = run_pipeline(config, _folder(Path(args.out)))
     print(summary(done["mechanisms"], done["findings"]))
     print(f"report: {done['report'] / 'report.md'} ({time.time() - start:.0f} s)")
     return 0 if (done["results"]["status"] == "finished").all() else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="mecheval", description="Mechanistic evaluation of sequence models."
+    parser = _Parser(prog="mecheval", description="Mechanistic evaluation of sequence models.")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of any error, not one line"
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -233,7 +298,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=defaults.seed, help="the corruption's seed")
     p.add_argument(
-        "--memory-budget", type=_count(1), default=defaults.memory_budget, help="bytes per chunk"
+        "--memory-budget", type=int, default=defaults.memory_budget, help="bytes per chunk"
+    )
+    p.add_argument(
+        "--step",
+        type=_step,
+        default=defaults.step,
+        help="the checkpoint to evaluate: a step number, or latest (the newest intact one); "
+        "default: the one the run's result.json names",
     )
     p.add_argument("--force", action="store_true", help="re-evaluate runs already evaluated")
     p.set_defaults(func=_cmd_evaluate)
@@ -251,19 +323,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from mecheval.io import DamagedFileError
+def _os_error(error: OSError) -> str:
+    if error.filename is not None and error.strerror:
+        return f"{error.filename}: {error.strerror}"
+    return str(error)
+
+
+def _message(error: BaseException) -> tuple[str, int]:
+    """The line that reports `error`, and the exit status (see the module docstring)."""
+    from mecheval.io import DamagedFileError, FolderInUseError
     from mecheval.train.loop import TrainingDiverged
 
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted", 130
+    if isinstance(error, ConfigError):
+        return f"config error: {error}", 2
+    if isinstance(error, (DamagedFileError, TrainingDiverged, FolderInUseError)):
+        return f"error: {error}", 1
+    if isinstance(error, OSError):  # a file or folder the command cannot use
+        return f"error: {_os_error(error)}", 1
+    return (
+        f"internal error (a bug; please report it): {type(error).__name__}: {error}. "
+        "Run again with --debug for its traceback.",
+        3,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ConfigError as error:
-        print(f"mecheval: config error: {error}", file=sys.stderr)
-        return 2
-    except (DamagedFileError, TrainingDiverged, FileNotFoundError) as error:
-        print(f"mecheval: error: {error}", file=sys.stderr)
-        return 1
+    except (Exception, KeyboardInterrupt) as error:
+        if args.debug:
+            raise
+        message, status = _message(error)
+        # One line: messages that quote a parser's (YAML's) several lines are joined.
+        print("mecheval: " + " ".join(message.split()), file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

@@ -12,10 +12,23 @@ positions key, value, divider, query and the two after the value (value+1, the n
 AR, and value+2: the study's Mamba conv analysis patches those). Each row records the id range
 its corrupting tokens were drawn from (`replacement_ids`, e.g. "3..4098": in AR both key and
 value corruption draw key ids by default, as the study does; `corruption_options=
-{"corruption_range": "own"}` draws each position's own kind instead, without retraining).
-`examples.parquet` records each evaluation document's key and query positions, their
-distance, and whether the model answers it (for accuracy and read-outs by distance). Results
-are written atomically, and a run already evaluated with the same settings is skipped, so a
+{"corruption_range": "own"}` draws each position's own kind instead, without retraining), and
+the checkpoint step whose weights were patched (`step`).
+
+Nothing is dropped or substituted silently:
+- every option is checked before any work starts, for every run (mecheval.evaluate_config,
+  and `evaluation_documents` against each run's task), and an error names the option, the bad
+  value and what is allowed;
+- a position that lies outside some documents (a shift past the end of a short document, an
+  index past it) is patched in the documents it lies inside only; how many documents each such
+  position skipped is recorded (`interventions.json`, and `evaluation_summary`); a position
+  inside no document is an error;
+- the weights are those of the checkpoint the run's result.json names, checked against its
+  step and checksum; when it is missing or damaged, evaluation stops and says so, unless
+  another step is asked for (`step=N`, or `step="latest"`: the newest intact one).
+`examples.parquet` records each evaluation document's key and query positions, their distance,
+and whether the model answers it (for accuracy and read-outs by distance). Results are written
+atomically, and a run already evaluated with the same settings and checkpoint is skipped, so a
 killed evaluation resumes.
 """
 
@@ -30,27 +43,153 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from mecheval.evaluate_config import CORRUPTIONS, DEFAULTS, POSITIONS
+from mecheval.evaluate_config import (
+    CORRUPTIONS,
+    DEFAULTS,
+    POSITIONS,
+    EvaluateConfig,
+    OptionError,
+    check_options,
+)
 from mecheval.interventions import interchange_grid
-from mecheval.io import atomic_write_json, atomic_write_parquet
-from mecheval.train.loop import RESULT, load_trained_model
+from mecheval.interventions.positions import expand_positions, inside_documents, parse_position
+from mecheval.io import DamagedFileError, atomic_write_json, atomic_write_parquet, read_parquet
+from mecheval.tasks import Batch, Task
+from mecheval.train.checkpoint import read_state
+from mecheval.train.config import TrainConfig
+from mecheval.train.loop import (
+    RESULT,
+    build_task,
+    load_trained_model,
+    read_run_config,
+    run_checkpoint,
+)
 
 INTERVENTIONS = "interventions.parquet"
 EXAMPLES = "examples.parquet"
+STAMP = "interventions.json"
 
 
-def _positions_for(batch, wanted: Sequence[str]) -> list[str]:
-    """The wanted positions that lie inside every document (value+2 can pass the end in ATR)."""
-    from mecheval.interventions import resolve_position
+@dataclasses.dataclass(frozen=True)
+class EvaluationDocuments:
+    """A task's evaluation documents, corrupted, and where the asked positions lie in them.
 
-    kept = []
-    for label in wanted:
+    Attributes:
+        task: the task (with the evaluation's corruption options).
+        batch: the documents (on CPU).
+        corrupted: per corruption ("key", "value"), the corrupted tokens (n, L).
+        groups: the position labels in groups that lie inside the same documents, each with
+            those documents' indices (None: every document).
+        skipped: per position that lies outside some documents, how many it skips.
+    """
+
+    task: Task
+    batch: Batch
+    corrupted: dict[str, torch.Tensor]
+    groups: list[tuple[list[str], torch.Tensor | None]]
+    skipped: dict[str, int]
+
+
+def _outside_everywhere(label: str, batch: Batch, where: str) -> str:
+    """Why position `label` is refused: it lies inside no document (`where` names them)."""
+    parsed = parse_position(label)
+    if isinstance(parsed, int):
+        longest = int(batch.lengths.max())
+        return f"{label} lies past the end of every {where} (the longest has {longest} tokens)"
+    name, _ = parsed
+    at = batch.positions[name]
+    low, high = -int(at.max()), int((batch.lengths - 1 - at).max())
+    return (
+        f"{label!r} lies outside every {where} ({name}+k lies inside some of them for k "
+        f"from {low} to +{high})"
+    )
+
+
+def evaluation_documents(
+    task, eval_size: int, options: EvaluateConfig, corruption_options: Mapping | None = None
+) -> EvaluationDocuments:
+    """The documents `options` evaluates a run of `task` on (its `eval_size` documents of the
+    split), corrupted, with every position and corruption checked against them.
+
+    Raises:
+        OptionError: a position lies inside none of the documents; a corruption cannot be
+            drawn for this task (e.g. a one-key task has no other key).
+    """
+    task = _with_corruption_options(task, corruption_options or {})
+    batch = task.dataset(options.split, size=eval_size)
+    where = f"{options.split} document of {task.label()}"
+    groups: dict[bytes, tuple[list[str], torch.Tensor]] = {}
+    skipped = {}
+    for label in expand_positions(options.positions, batch.width):
+        inside = inside_documents(label, batch)
+        if not inside.any():
+            raise OptionError("positions", _outside_everywhere(label, batch, where))
+        if not inside.all():
+            skipped[label] = int((~inside).sum())
+        groups.setdefault(inside.numpy().tobytes(), ([], inside))[0].append(label)
+    corrupted = {}
+    for at in options.corruptions:
         try:
-            resolve_position(label, batch)
-        except ValueError:
-            continue
-        kept.append(label)
-    return kept
+            corrupted[at] = task.corrupt(batch, at=at, seed=options.seed)
+        except ValueError as error:
+            raise OptionError("corruptions", str(error)) from None
+    return EvaluationDocuments(
+        task=task,
+        batch=batch,
+        corrupted=corrupted,
+        groups=[
+            (labels, None if inside.all() else inside.nonzero()[:, 0])
+            for labels, inside in groups.values()
+        ],
+        skipped=skipped,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _RunPlan:
+    """One run's evaluation, checked and ready: its config, documents and checkpoint."""
+
+    run_dir: Path
+    config: TrainConfig
+    documents: EvaluationDocuments
+    checkpoint: Path
+    step: int
+
+
+def _documents_key(config: TrainConfig) -> str:
+    """Runs with equal keys are evaluated on the same documents."""
+    task = config.task
+    return json.dumps([task.name, task.options, task.eval_size], sort_keys=True)
+
+
+def documents_of(
+    configs: Sequence[TrainConfig],
+    options: EvaluateConfig,
+    corruption_options: Mapping | None = None,
+) -> dict[str, EvaluationDocuments]:
+    """The evaluation documents of the runs of `configs`, made and checked once per task
+    (`evaluation_documents`), by `_documents_key`."""
+    documents: dict[str, EvaluationDocuments] = {}
+    for config in configs:
+        key = _documents_key(config)
+        if key not in documents:
+            task = build_task(config)
+            eval_size = config.task.eval_size
+            documents[key] = evaluation_documents(task, eval_size, options, corruption_options)
+    return documents
+
+
+def _plans(
+    runs: Sequence[Path], options: EvaluateConfig, corruption_options: Mapping | None
+) -> list[_RunPlan]:
+    """Check everything the runs' evaluations need, before any starts."""
+    configs = [read_run_config(run) for run in runs]
+    documents = documents_of(configs, options, corruption_options)
+    plans = []
+    for run, config in zip(runs, configs, strict=True):
+        checkpoint, step = run_checkpoint(run, options.step)
+        plans.append(_RunPlan(run, config, documents[_documents_key(config)], checkpoint, step))
+    return plans
 
 
 def evaluate_run(
@@ -63,43 +202,76 @@ def evaluate_run(
     memory_budget: int = DEFAULTS.memory_budget,
     force: bool = False,
     corruption_options: Mapping[str, object] | None = None,
+    step: int | str | None = DEFAULTS.step,
 ) -> pd.DataFrame:
     """The interchange grids of one finished run (see the module docstring).
 
     Args:
         corruption_options: task options that only change how documents are corrupted
             (`task.corruption_options`, e.g. AR's corruption_range), overriding the run's.
+        step: the checkpoint evaluated: None, the one the run's result names; a step number;
+            or "latest", the newest intact one.
 
     Returns:
         the grid table with identifying columns added: run, arch, d_model, n_layers, lr,
-        task, corruption, replacement_ids, accuracy (the run's accuracy on these documents).
+        task, step, corruption, replacement_ids, accuracy (the run's accuracy on these
+        documents).
+
+    Raises:
+        OptionError: an option is bad, for this run's task (named, with what is allowed).
+        CheckpointError: the checkpoint is missing or damaged.
     """
-    run_dir = Path(run_dir)
-    out = run_dir / INTERVENTIONS
-    model, task, config = load_trained_model(run_dir, device=device)
-    task = _with_corruption_options(task, corruption_options or {})
-    settings = {
-        "corruptions": list(corruptions),
-        "positions": list(positions),
-        "split": split,
-        "seed": seed,
-        "corruption": {at: task.corruption_metadata(at) for at in corruptions},
-    }
-    stamp = run_dir / "interventions.json"
-    done = out.exists() and (run_dir / EXAMPLES).exists() and stamp.exists()
-    if done and not force and json.loads(stamp.read_text()) == settings:
-        return pd.read_parquet(out)
-    batch = task.dataset(split, size=config.task.eval_size).to(device)
-    examples = document_records(model, batch)
-    acc = float(examples["correct"].mean())
-    labels = _positions_for(batch, positions)
-    frames = []
-    for at in corruptions:
-        corrupted = task.corrupt(batch, at=at, seed=seed)
-        grid = interchange_grid(
-            model, batch, corrupted, positions=labels, memory_budget=memory_budget
+    options = check_options(
+        EvaluateConfig(
+            split=split,
+            corruptions=list(corruptions),
+            positions=list(positions),
+            device=device,
+            seed=seed,
+            memory_budget=memory_budget,
+            step=step,
         )
-        low, high = task.replacement_range(at)
+    )
+    (plan,) = _plans([Path(run_dir)], options, corruption_options)
+    return _evaluate(plan, options, force)
+
+
+def _settings(plan: _RunPlan, options: EvaluateConfig) -> dict:
+    """What a stored evaluation was computed with: equal settings, equal results."""
+    task = plan.documents.task
+    state = read_state(plan.checkpoint)
+    return {
+        "corruptions": options.corruptions,
+        "positions": options.positions,
+        "split": options.split,
+        "seed": options.seed,
+        "corruption": {at: task.corruption_metadata(at) for at in options.corruptions},
+        "checkpoint": {
+            "step": plan.step,
+            "sha256": (state.get("checksums") or {}).get("model.safetensors"),
+        },
+    }
+
+
+def _evaluate(plan: _RunPlan, options: EvaluateConfig, force: bool) -> pd.DataFrame:
+    run_dir, documents = plan.run_dir, plan.documents
+    out, stamp = run_dir / INTERVENTIONS, run_dir / STAMP
+    settings = _settings(plan, options)
+    done = out.exists() and (run_dir / EXAMPLES).exists() and stamp.exists()
+    if done and not force and _read_stamp(run_dir).get("settings") == settings:
+        try:
+            return read_parquet(out)
+        except DamagedFileError:
+            pass  # evaluated anew, below
+    device = options.device
+    model, _, config = load_trained_model(run_dir, device=device, checkpoint=plan.checkpoint)
+    batch = documents.batch.to(device)
+    examples = document_records(model, batch)
+    frames = []
+    for at in options.corruptions:
+        corrupted = documents.corrupted[at].to(device)
+        grid = _grids(model, batch, corrupted, documents.groups, options.memory_budget)
+        low, high = documents.task.replacement_range(at)
         grid.insert(0, "replacement_ids", f"{low}..{high - 1}")
         grid.insert(0, "corruption", at)
         frames.append(grid)
@@ -110,15 +282,69 @@ def evaluate_run(
         "d_model": config.model.d_model,
         "n_layers": config.model.n_layers,
         "lr": config.optim.lr,
-        "task": task.label(),
-        "accuracy": acc,
+        "task": documents.task.label(),
+        "step": plan.step,
+        "accuracy": float(examples["correct"].mean()),
     }
     for i, (name, value) in enumerate(identity.items()):
         table.insert(i, name, value)
     atomic_write_parquet(out, table)
     atomic_write_parquet(run_dir / EXAMPLES, examples)
-    atomic_write_json(stamp, settings)
+    record = {"settings": settings, "documents": len(batch), "skipped": documents.skipped}
+    atomic_write_json(stamp, record)
     return table
+
+
+def _grids(model, batch, corrupted, groups, memory_budget: int) -> pd.DataFrame:
+    """The grid of every group of positions, each on the documents its positions lie inside
+    (`example` indexes `batch`)."""
+    frames = []
+    for labels, rows in groups:
+        if rows is None:
+            frames.append(
+                interchange_grid(
+                    model, batch, corrupted, positions=labels, memory_budget=memory_budget
+                )
+            )
+            continue
+        rows = rows.to(batch.device)
+        grid = interchange_grid(
+            model, batch[rows], corrupted[rows], positions=labels, memory_budget=memory_budget
+        )
+        grid["example"] = rows.cpu().numpy()[grid["example"].to_numpy()]
+        frames.append(grid)
+    return pd.concat(frames, ignore_index=True)
+
+
+def _read_stamp(run_dir: Path) -> dict:
+    """A run's interventions.json ({} when missing or unreadable: the run is evaluated anew)."""
+    try:
+        record = json.loads((run_dir / STAMP).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def evaluated_step(run_dir: str | Path) -> int | None:
+    """The checkpoint step a run's stored evaluation used (None: not recorded)."""
+    settings = _read_stamp(Path(run_dir)).get("settings") or {}
+    step = (settings.get("checkpoint") or {}).get("step")
+    return step if isinstance(step, int) else None
+
+
+def evaluation_summary(run_dir: str | Path) -> str:
+    """One line on a run's stored evaluation: the checkpoint step it used, its documents and
+    the positions that skipped some of them."""
+    run_dir = Path(run_dir)
+    record = _read_stamp(run_dir)
+    if not record.get("settings"):
+        return f"{run_dir}: not evaluated"
+    line = f"{run_dir}: step {evaluated_step(run_dir)}, {record.get('documents')} documents"
+    skipped = record.get("skipped") or {}
+    if skipped:
+        parts = ", ".join(f"{label} lies outside {n}" for label, n in skipped.items())
+        line += f" ({parts}: skipped there)"
+    return line
 
 
 @torch.no_grad()
@@ -167,20 +393,34 @@ def finished_runs(path: str | Path) -> list[Path]:
 
 
 def evaluate_all(
-    path: str | Path, progress: bool = True, over_training: bool = True, **options
+    path: str | Path,
+    progress: bool = True,
+    over_training: bool = True,
+    force: bool = False,
+    corruption_options: Mapping[str, object] | None = None,
+    **options,
 ) -> pd.DataFrame:
     """`evaluate_run` on every finished run under `path` (and, with `over_training`, the
     read-outs of every kept checkpoint: mecheval.over_training); returns all grids
-    concatenated."""
+    concatenated. `options` are EvaluateConfig's fields. Every run's options and checkpoint
+    are checked before the first is evaluated."""
     from mecheval.over_training import evaluate_over_training
 
+    checked = check_options(EvaluateConfig(**options))
     runs = finished_runs(path)
     if not runs:
         raise FileNotFoundError(f"no finished run in {path} (a run folder holds {RESULT})")
+    plans = _plans(runs, checked, corruption_options)
     tables = []
-    for run in tqdm(runs, desc="evaluate", unit="run", disable=not progress):
-        tables.append(evaluate_run(run, **options))
+    for plan in tqdm(plans, desc="evaluate", unit="run", disable=not progress):
+        tables.append(_evaluate(plan, checked, force))
         if over_training:
-            keep = ("split", "device", "seed", "memory_budget", "force")
-            evaluate_over_training(run, **{k: v for k, v in options.items() if k in keep})
+            evaluate_over_training(
+                plan.run_dir,
+                split=checked.split,
+                device=checked.device,
+                seed=checked.seed,
+                memory_budget=checked.memory_budget,
+                force=force,
+            )
     return pd.concat(tables, ignore_index=True)

@@ -1,12 +1,27 @@
-"""The evaluation's settings and their defaults, in a module light enough for the CLI to import
-(mecheval.evaluate runs them)."""
+"""The evaluation's settings, their defaults and the checks they pass before any work starts, in
+a module light enough for the CLI to import (mecheval.evaluate runs them).
+
+`check_options` checks what needs no run: the split, corruptions, seed, device, memory budget,
+checkpoint step, and that each position is written as one (a named position, optionally
+shifted, an index, or "all"). Whether a position lies inside a task's documents is checked
+against each run's documents (mecheval.evaluate.evaluation_documents). Every error is an
+`OptionError` naming the option, the bad value and what is allowed; `renamed` gives its message
+with the option as the caller spells it (`--memory-budget` on the command line,
+`evaluate.memory_budget` in a run config).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Literal
+
+from mecheval.config import ConfigError
 
 CORRUPTIONS = ("key", "value")
 POSITIONS = ("key", "value", "divider", "query", "value+1", "value+2")
+SPLITS = ("dev", "test")
+LATEST = "latest"
 
 
 @dataclasses.dataclass
@@ -17,10 +32,12 @@ class EvaluateConfig:
     Attributes:
         split: the documents patched (dev or test).
         corruptions: what the corrupted documents change (key, value).
-        positions: the positions patched, by name (see mecheval.interventions).
-        device: where the grids run.
-        seed: the corruption's seed.
+        positions: the positions patched, by name (see mecheval.interventions.positions).
+        device: where the grids run (cpu, cuda, cuda:N, or auto).
+        seed: the corruption's seed (>= 0).
         memory_budget: bytes a grid may hold at once (larger grids run in chunks).
+        step: the checkpoint evaluated: None, the one the run's result.json names; a step
+            number; or "latest", the newest intact one the run kept.
     """
 
     split: str = "dev"
@@ -29,6 +46,81 @@ class EvaluateConfig:
     device: str = "cpu"
     seed: int = 0
     memory_budget: int = 1 << 30
+    step: int | Literal["latest"] | None = None
 
 
 DEFAULTS = EvaluateConfig()
+
+
+class OptionError(ConfigError):
+    """An evaluation option (a field of EvaluateConfig) that cannot be used."""
+
+    def __init__(self, option: str, problem: str) -> None:
+        self.option, self.problem = option, problem
+        super().__init__(f"{option}: {problem}")
+
+    def renamed(self, spell: Callable[[str], str]) -> ConfigError:
+        """The same error with the option spelt `spell(option)`."""
+        return ConfigError(f"{spell(self.option)}: {self.problem}")
+
+
+def _integer(option: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise OptionError(option, f"must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _names(option: str, values: object, what: str) -> list[str]:
+    """A non-empty list of strings, duplicates dropped (order kept)."""
+    if isinstance(values, str) or not isinstance(values, (list, tuple)) or not values:
+        raise OptionError(option, f"expected a non-empty list of {what}, got {values!r}")
+    for value in values:
+        if not isinstance(value, str):
+            raise OptionError(option, f"expected {what}, got {type(value).__name__} {value!r}")
+    return list(dict.fromkeys(values))
+
+
+def check_options(options: EvaluateConfig) -> EvaluateConfig:
+    """`options` checked (see the module docstring), with duplicate corruptions and positions
+    dropped and the device resolved (auto: cuda if present, else cpu).
+
+    Raises:
+        OptionError: naming the option, the bad value and what is allowed.
+    """
+    from mecheval.interventions.positions import parse_position
+    from mecheval.train.config import resolve_device
+
+    if options.split not in SPLITS:
+        raise OptionError("split", f"must be {' or '.join(SPLITS)}, got {options.split!r}")
+    corruptions = _names("corruptions", options.corruptions, "corrupted positions")
+    for at in corruptions:
+        if at not in CORRUPTIONS:
+            allowed = " and/or ".join(CORRUPTIONS)
+            raise OptionError("corruptions", f"{at!r} cannot be corrupted: use {allowed}")
+    positions = _names("positions", options.positions, "positions")
+    for label in positions:
+        if label != "all":
+            try:
+                parse_position(label)
+            except ValueError as error:
+                raise OptionError("positions", str(error)) from None
+    seed = _integer("seed", options.seed, 0)
+    memory_budget = _integer("memory_budget", options.memory_budget, 1)
+    step = options.step
+    number = isinstance(step, int) and not isinstance(step, bool) and step >= 0
+    if not (step is None or step == LATEST or number):
+        raise OptionError("step", f"must be a step number >= 0 or {LATEST!r}, got {step!r}")
+    if not isinstance(options.device, str):
+        raise OptionError("device", f"expected a device name, got {options.device!r}")
+    try:
+        device = str(resolve_device(options.device))
+    except ConfigError as error:
+        raise OptionError("device", str(error).removeprefix("device ")) from None
+    return dataclasses.replace(
+        options,
+        corruptions=corruptions,
+        positions=positions,
+        seed=seed,
+        memory_budget=memory_budget,
+        device=device,
+    )

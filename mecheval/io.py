@@ -27,6 +27,10 @@ class DamagedFileError(ValueError):
     message names the file."""
 
 
+class FolderInUseError(RuntimeError):
+    """Another process holds a folder's lock (`exclusive_lock`); the message names the folder."""
+
+
 def current_umask() -> int:
     """The process's umask (read without changing it where /proc allows)."""
     try:
@@ -71,6 +75,24 @@ def atomic_write_parquet(path: str | Path, frame) -> None:
     atomic_write(path, lambda p: frame.to_parquet(p, index=False))
 
 
+def read_parquet(path: str | Path, fix: str = ""):
+    """A Parquet table as a pandas DataFrame; DamagedFileError names a file that cannot be read
+    (truncated, not Parquet), with `fix` (how to write it anew) appended."""
+    import pandas as pd
+    import pyarrow
+
+    try:
+        return pd.read_parquet(path)
+    except (pyarrow.ArrowException, OSError, ValueError) as error:
+        if isinstance(error, FileNotFoundError):
+            raise
+        # pyarrow's first line names the file too: keep what follows its name.
+        reason = (str(error).splitlines() or [type(error).__name__])[0].split("': ")[-1]
+        raise DamagedFileError(
+            f"{path}: cannot be read as Parquet ({reason}){'; ' + fix if fix else ''}"
+        ) from None
+
+
 def remove_temporaries(folder: str | Path) -> list[Path]:
     """Delete the temporaries (files or folders named `.tmp-*`, and the `.*.tmp` files of
     earlier versions) that a killed writer left directly in `folder`; returns them. Call it only
@@ -100,7 +122,7 @@ def exclusive_lock(path: str | Path) -> Iterator[None]:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise RuntimeError(f"{path.parent} is in use by another process") from None
+            raise FolderInUseError(f"{path.parent} is in use by another process") from None
         try:
             yield
         finally:

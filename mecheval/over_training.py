@@ -11,12 +11,14 @@ keeps them), on the read-out cells only, which makes it cheap: the key corrupted
 - models with a layer-0 short conv (Mamba, ...): its output at value, value+1 and value+2
   (`conv_value`, `conv_value+1`, `conv_value+2`), where the study finds Mamba's association.
 One row per checkpoint: step, accuracy on the evaluation documents, the read-outs and the
-mechanism label. A run already evaluated with the same settings and checkpoints is skipped.
+mechanism label. A damaged checkpoint is left out with a warning naming it. A run already
+evaluated with the same settings and checkpoints is skipped.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -24,7 +26,12 @@ import pandas as pd
 from mecheval.evaluate import document_records
 from mecheval.interventions import interchange_grid, readout, readout_cells
 from mecheval.io import atomic_write_json, atomic_write_parquet
-from mecheval.train.checkpoint import list_checkpoints
+from mecheval.train.checkpoint import (
+    TENSOR_FILES,
+    CheckpointError,
+    list_checkpoints,
+    verify_checkpoint,
+)
 from mecheval.train.loop import load_trained_model
 
 OVER_TRAINING = "readouts_over_training.parquet"
@@ -96,9 +103,16 @@ def evaluate_over_training(
     """
     run_dir = Path(run_dir)
     out = run_dir / OVER_TRAINING
-    checkpoints = list_checkpoints(run_dir / "checkpoints")
+    checkpoints = []
+    for step, path in list_checkpoints(run_dir / "checkpoints"):
+        try:
+            verify_checkpoint(path, TENSOR_FILES[:1])
+        except CheckpointError as error:
+            warnings.warn(f"{error}: left out of the read-outs over training", stacklevel=2)
+            continue
+        checkpoints.append((step, path))
     if not checkpoints:
-        raise FileNotFoundError(f"{run_dir} has no checkpoint")
+        raise FileNotFoundError(f"{run_dir} has no intact checkpoint")
     settings = {"split": split, "seed": seed, "steps": [step for step, _ in checkpoints]}
     stamp = run_dir / "readouts_over_training.json"
     if out.exists() and stamp.exists() and not force and json.loads(stamp.read_text()) == settings:

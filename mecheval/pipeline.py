@@ -88,7 +88,8 @@ def load_run_config(path: str | Path | None = None, overrides: Sequence[str] = (
 
 
 def run_pipeline(config: RunConfig, out: str | Path, progress: bool = True) -> dict:
-    """Train (or resume) every run, evaluate every finished one, write the report.
+    """Train (or resume) every run, evaluate every finished one, write the report. The
+    `evaluate:` section is checked against every run's task first (`check_evaluation`).
 
     Returns:
         {"results": sweep table, "mechanisms": read-out table, "report": report folder}
@@ -99,6 +100,7 @@ def run_pipeline(config: RunConfig, out: str | Path, progress: bool = True) -> d
 
     out = Path(out)
     runs = expand_sweep(config.sweep)
+    check_evaluation(config.evaluate, [run.config for run in runs])
     table = run_sweep(
         runs,
         out,
@@ -115,6 +117,22 @@ def run_pipeline(config: RunConfig, out: str | Path, progress: bool = True) -> d
     evidence = pd.read_parquet(report / "evidence.parquet")
     findings = pd.read_parquet(report / "findings.parquet")
     return {"results": table, "mechanisms": evidence, "findings": findings, "report": report}
+
+
+def check_evaluation(options: EvaluateConfig, configs: Sequence) -> None:
+    """Check the `evaluate:` section against every task the runs train on (their evaluation
+    documents), before any run trains: a bad option fails now, not after the training.
+
+    Raises:
+        ConfigError: naming the option (`evaluate.<name>`), the bad value and what is allowed.
+    """
+    from mecheval.evaluate import documents_of
+    from mecheval.evaluate_config import OptionError, check_options
+
+    try:
+        documents_of(configs, check_options(options))
+    except OptionError as error:
+        raise error.renamed(lambda option: f"evaluate.{option}") from None
 
 
 def summary(mechanisms: pd.DataFrame, findings: pd.DataFrame | None = None) -> str:

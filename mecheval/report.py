@@ -4,6 +4,10 @@ mechanism side by side.
     build_report(path) -> path/report/{report.md, report.html, *.png, *.parquet}
 
 Contents:
+- how many run folders it found, by status (finished, diverged, failed, incomplete,
+  unreadable: mecheval.run_folders), and a table of every one of them; the findings and
+  accuracy tables say how many runs they rest on (the finished ones; a result.json that cannot
+  be read leaves its run out, listed as unreadable);
 - findings: the study's five findings, each with the study's numbers, ours and a verdict
   computed from the runs (mecheval.findings);
 - accuracy: the best learning rate per (task, architecture, width, depth), by final dev
@@ -16,7 +20,8 @@ Contents:
 - mechanisms over training: when each read-out first reaches 0.5, and a plot;
 - accuracy and read-outs by key-to-query distance;
 - Attrib heatmaps of each selected run, and a value-vs-query scatter.
-The tables are also written as Parquet (evidence, findings, over_training, distance).
+The tables are also written as Parquet (evidence, findings, over_training, distance,
+run_folders). A stored table that cannot be read stops the report with an error naming it.
 """
 
 from __future__ import annotations
@@ -33,12 +38,14 @@ from mecheval.analysis import (
     formation_steps,
     key_grid,
     over_training_table,
+    read_evaluation,
 )
-from mecheval.evaluate import INTERVENTIONS, finished_runs
+from mecheval.evaluate import INTERVENTIONS
 from mecheval.findings import findings_table
 from mecheval.interventions import MECHANISM_THRESHOLD, attrib
 from mecheval.io import atomic_write_parquet
 from mecheval.plots import heatmap, over_training, value_vs_query
+from mecheval.run_folders import FINISHED, status_counts, status_table
 from mecheval.study_numbers import at_study_scale, study_accuracy
 from mecheval.tasks import make_task
 from mecheval.train.loop import read_result
@@ -52,10 +59,11 @@ def task_setting(task_section: dict) -> str:
     return make_task(task_section["name"], **task_section.get("options", {})).label()
 
 
-def collect_results(path: str | Path) -> pd.DataFrame:
-    """One row per finished run: its identity and accuracies."""
+def collect_results(folders: pd.DataFrame) -> pd.DataFrame:
+    """One row per finished run of `folders` (mecheval.run_folders.status_table): its identity
+    and accuracies."""
     rows = []
-    for run in finished_runs(path):
+    for run in map(Path, folders.loc[folders["status"] == FINISHED, "path"]):
         result = read_result(run)
         config = result["config"]
         rows.append(
@@ -106,7 +114,7 @@ def corruption_note(best: pd.DataFrame) -> str:
     """Which ids the evaluated runs' corruptions drew from, per task."""
     seen: dict[str, dict[str, str]] = {}
     for _, run in best[best["evaluated"]].iterrows():
-        grid = pd.read_parquet(Path(run["path"]) / INTERVENTIONS)
+        grid = read_evaluation(run["path"], INTERVENTIONS)
         if "replacement_ids" not in grid:
             continue
         pairs = grid[["task", "corruption", "replacement_ids"]].drop_duplicates()
@@ -166,9 +174,14 @@ def _markdown(frame: pd.DataFrame) -> str:
     for column in shown.columns:
         if shown[column].dtype.kind == "f":
             shown[column] = shown[column].map(lambda v: "" if pd.isna(v) else f"{v:.3f}")
+
+    def cell(value) -> str:  # one line, no column break (error messages hold both)
+        text = "" if value is None or value is pd.NA else str(value)
+        return " ".join(text.split()).replace("|", "\\|")
+
     header = "| " + " | ".join(map(str, shown.columns)) + " |"
     rule = "|" + "---|" * len(shown.columns)
-    body = ["| " + " | ".join(map(str, row)) + " |" for row in shown.itertuples(index=False)]
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in shown.itertuples(index=False)]
     return "\n".join([header, rule, *body]) + "\n"
 
 
@@ -190,9 +203,11 @@ def build_report(path: str | Path, out: str | Path | None = None) -> Path:
     """Write report.md, report.html, the PNG plots and the tables; returns the report folder."""
     path = Path(path)
     out = Path(out) if out else path / "report"
-    results = collect_results(path)
+    folders = status_table(path)
+    results = collect_results(folders)
     if results.empty:  # checked before any folder is made: a mistyped path leaves no trace
-        raise FileNotFoundError(f"no finished run under {path}")
+        found = f" ({len(folders)} run folders: {status_counts(folders)})" if len(folders) else ""
+        raise FileNotFoundError(f"no finished run under {path}{found}")
     out.mkdir(parents=True, exist_ok=True)
     best = best_runs(results)
     evidence = evidence_table(best, results)
@@ -205,6 +220,7 @@ def build_report(path: str | Path, out: str | Path | None = None) -> Path:
         ("findings", findings),
         ("over_training", over),
         ("distance", distance),
+        ("run_folders", folders),
     ):
         atomic_write_parquet(out / f"{name}.parquet", table)
 
@@ -217,7 +233,14 @@ def build_report(path: str | Path, out: str | Path | None = None) -> Path:
         f"own rule (the highest read-out if it reaches {MECHANISM_THRESHOLD}, else "
         '"unclear"); the study reports the Attrib values themselves.'
     )
-    findings_note = (
+    judged = evidence[evidence["n_layers"] == 2]
+    evaluated = int(judged["mechanism"].notna().sum()) if "mechanism" in judged else 0
+    rests_on = (
+        f"These verdicts rest on {len(judged)} 2-layer model(s), {evaluated} of them "
+        f"evaluated: the best learning rate of each, among the {len(results)} finished run(s) "
+        f"of the {len(folders)} run folder(s) (see Run folders). "
+    )
+    findings_note = rests_on + (
         "Verdicts are computed from the runs below (mecheval.findings): a model solves a task "
         "at dev accuracy >= 0.5 and fails it below 0.3; each architecture is judged at its "
         "most accurate width. A finding that does not show in runs smaller than the study's "
@@ -229,8 +252,10 @@ def build_report(path: str | Path, out: str | Path | None = None) -> Path:
         ("Findings", findings_note, findings),
         (
             "Accuracy (best learning rate per architecture and width)",
-            "`study`: the study's dev accuracy at its best learning rate for the same setting, "
-            "read off its figure (+-0.02 to 0.05), where it reports one.",
+            f"{len(best)} model(s), each the best of its learning rates among the "
+            f"{len(results)} finished run(s) of the {len(folders)} run folder(s). `study`: the "
+            "study's dev accuracy at its best learning rate for the same setting, read off its "
+            "figure (+-0.02 to 0.05), where it reports one.",
             accuracy,
         ),
         (
@@ -250,7 +275,14 @@ def build_report(path: str | Path, out: str | Path | None = None) -> Path:
             formation,
         ),
         ("Accuracy and read-outs by key-to-query distance", "", distance),
-        ("All runs", "", results.drop(columns=["path", "evaluated", "task_label"])),
+        ("Finished runs", "", results.drop(columns=["path", "evaluated", "task_label"])),
+        (
+            "Run folders",
+            "Every run folder found: finished, diverged (at the first non-finite step), failed, "
+            "incomplete (no result yet: running or stopped) or unreadable; `evaluated`: the "
+            "checkpoint step its evaluation patched.",
+            folders.drop(columns=["path"]),
+        ),
     ]
     figures = [
         name
@@ -258,7 +290,8 @@ def build_report(path: str | Path, out: str | Path | None = None) -> Path:
         if name is not None
     ] + _heatmaps(best, out)
 
-    md = ["# mecheval report", "", f"Runs under `{path}`: {len(results)}.", ""]
+    found = f"{len(folders)} ({status_counts(folders)})"
+    md = ["# mecheval report", "", f"Run folders under `{path}`: {found}.", ""]
     for title, note, frame in sections:
         md += [f"## {title}", ""] + ([note, ""] if note else []) + [_markdown(frame)]
     md += ["## Figures", ""] + [f"![{name}]({name})" for name in figures]
@@ -269,7 +302,7 @@ def build_report(path: str | Path, out: str | Path | None = None) -> Path:
         "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}</style>",
         "<h1>mecheval report</h1>",
-        f"<p>Runs under <code>{html.escape(str(path))}</code>: {len(results)}.</p>",
+        f"<p>Run folders under <code>{html.escape(str(path))}</code>: {html.escape(found)}.</p>",
     ]
     for title, note, frame in sections:
         page.append(f"<h2>{html.escape(title)}</h2>")

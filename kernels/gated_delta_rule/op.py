@@ -36,6 +36,8 @@ class GatedDeltaArgs(NamedTuple):
 
 
 def _validate(dtypes, q, k, v, g, beta, scale, initial_state) -> None:
+    """Check the inputs' shapes and dtypes, and g's values: finite and <= 0, read on eager
+    calls (a device sync)."""
     op = OP.public
     sizes: dict[str, int] = {}
     check_tensor(op, "q", q, "B T H K", sizes, dtypes)
@@ -57,11 +59,18 @@ def _validate(dtypes, q, k, v, g, beta, scale, initial_state) -> None:
             raise TypeError(f"{op}: scale must be a float or None, got {type(scale).__name__}")
         if not math.isfinite(scale):
             raise ValueError(f"{op}: scale must be finite, got {scale}")
-    # A NaN or infinite log decay poisons every later state (exp(-inf) * inf): refuse it by name.
-    # A data-dependent test, so eager calls only (torch.compile and vmap trace through here).
+    # A NaN or infinite log decay poisons every later state (exp(-inf) * inf), and a positive
+    # one grows the memory without bound (exp of the chunk's summed decays overflows): refuse
+    # both by name. A data-dependent test, so eager calls only (torch.compile and vmap trace
+    # through here).
     traced = torch.compiler.is_compiling() or is_batched(g) or g.device.type == "meta"
-    if not traced and g.numel() and not bool(torch.isfinite(g).all()):
-        raise ValueError(f"{op}: g (the log decays) must be finite, got inf or NaN values")
+    if not traced and g.numel() and not bool((torch.isfinite(g) & (g <= 0)).all()):
+        if not bool(torch.isfinite(g).all()):
+            raise ValueError(f"{op}: g (the log decays) must be finite, got inf or NaN values")
+        raise ValueError(
+            f"{op}: g (the log decays) must be <= 0, got positive values (largest "
+            f"{float(g.max()):.4g}); a model's g = -exp(A_log) * softplus(.) is"
+        )
 
 
 def _fake(a: GatedDeltaArgs, backend: str) -> tuple:
@@ -135,8 +144,9 @@ def chunk_gated_delta_rule(
         q: (B, T, H, K) float32/float16/bfloat16 (float64 on the PyTorch path); any strides.
         k: (B, T, H, K), q's dtype.
         v: (B, T, H, V), q's dtype.
-        g: (B, T, H), the log decays (finite; <= 0 for a decaying memory, as a model's
-            -exp(A_log) * softplus(...) is; positive values are accepted, as fla does).
+        g: (B, T, H), the log decays: finite and <= 0 (a decaying memory, as a model's
+            -exp(A_log) * softplus(...) is), both checked on eager calls (fla accepts
+            positive values; here they are refused by name).
         beta: (B, T, H), the write strengths (in [0, 2] for a stable memory).
         scale: the query scale; None means K ** -0.5.
         initial_state: optional (B, H, K, V), the state before the first step (float32

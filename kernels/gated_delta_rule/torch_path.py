@@ -22,6 +22,14 @@ loop over chunks for the state's gradient and dR = A^T dU, then batched matmuls 
 for the gradients of q, k, v, beta and of the cumulative decays G, whose reverse cumulative sum
 within each chunk is g's gradient. The forward saves the chunk start states, the U rows and A:
 no per-step state is ever kept.
+
+Non-finite inputs stay causal, as in the per-step recurrence. Inside a chunk the masked
+products multiply the later steps' rows by zeros, and 0 * NaN is NaN: a NaN at step t would
+reach the outputs before t. So the forward runs on the inputs with every non-finite entry set
+to zero, and then marks non-finite what the recurrence makes non-finite: from step t on, every
+output of the row and head for a non-finite k, g or beta at t (the whole state), only output
+column c for a non-finite v[..., c] (state column c), and the output at t alone for a
+non-finite q at t. Finite inputs give exactly what they gave without this.
 """
 
 from __future__ import annotations
@@ -78,10 +86,67 @@ def _decays(gc: torch.Tensor):
     return G.exp(), seg[..., -1, :].unsqueeze(-1).exp(), G[..., -1:, :].exp(), gamma
 
 
+def _all_finite(args: GatedDeltaArgs) -> bool:
+    """Whether every input is known to be finite, so that `_NonFinite`'s passes over them can
+    be skipped: one sum per tensor, read on CPU only (on a GPU the read would be a sync, which
+    a CUDA graph's capture refuses). A sum of finite values that overflows only sends them down
+    the exact, slower way."""
+    if args.q.device.type != "cpu":
+        return False
+    tensors = [args.q, args.k, args.v, args.g, args.beta, args.initial_state]
+    sums = torch.stack([t.sum(dtype=torch.float32) for t in tensors if t is not None])
+    return bool(torch.isfinite(sums).all())
+
+
+class _NonFinite:
+    """Where the recurrence's outputs and states are non-finite, from where its inputs are (see
+    the module docstring); `finite` holds the inputs with each non-finite entry set to zero."""
+
+    def __init__(self, args: GatedDeltaArgs) -> None:
+        def zeroed(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            bad = ~torch.isfinite(t)
+            return t.masked_fill(bad, 0), bad
+
+        (q, bad_q), (k, bad_k), (v, bad_v) = zeroed(args.q), zeroed(args.k), zeroed(args.v)
+        (g, bad_g), (beta, bad_beta) = zeroed(args.g), zeroed(args.beta)
+        whole = bad_k.any(-1) | bad_g | bad_beta  # (B, T, H): every state column
+        written = whole[..., None] | bad_v  # (B, T, H, V): the state columns made non-finite
+        initial = args.initial_state
+        if initial is not None:
+            initial, bad_initial = zeroed(initial)
+            written[:, 0] |= bad_initial.any(-2)
+        self.state_columns = written.cummax(dim=1).values  # (B, T, H, V), from t on
+        self.outputs = self.state_columns | bad_q.any(-1, keepdim=True)
+        self.finite = args._replace(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial)
+
+    def output(self, o: torch.Tensor) -> torch.Tensor:
+        return o.masked_fill(self.outputs, torch.nan)
+
+    def final_state(self, state: torch.Tensor | None) -> torch.Tensor | None:
+        """The state after the last step, (B, H, K, V)."""
+        if state is None:
+            return None
+        return state.masked_fill(self.state_columns[:, -1, :, None, :], torch.nan)
+
+    def states_at(self, states: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        """The states after steps at (B, P): (B, P, H, K, V)."""
+        rows = torch.arange(at.shape[0], device=at.device)[:, None]
+        return states.masked_fill(self.state_columns[rows, at][..., None, :], torch.nan)
+
+
 def forward(args: GatedDeltaArgs) -> tuple[torch.Tensor, ...]:
     """o (B, T, H, V) in q's dtype (contiguous), the final state (B, H, K, V) in float32
     (float64 for float64 inputs) or None, and the buffers the backward needs (`empty_saved`).
     """
+    if _all_finite(args):
+        return _forward(args)
+    nonfinite = _NonFinite(args)
+    o, final, *saved = _forward(nonfinite.finite)
+    return nonfinite.output(o), nonfinite.final_state(final), *saved
+
+
+def _forward(args: GatedDeltaArgs) -> tuple[torch.Tensor, ...]:
+    """`forward` on finite inputs."""
     q, initial_state = args.q, args.initial_state
     T = q.shape[1]
     qc, kc, vc, bc, gc = _chunked_inputs(args)
@@ -109,7 +174,11 @@ def forward_states_at(args: GatedDeltaArgs, at: torch.Tensor) -> tuple[torch.Ten
     """(o, the final state, the states after steps at[b, :] of each row b (B, P, H, K, V) in the
     compute dtype), without gradients. Inside a chunk the state after step j is
     e_j S + sum_{i <= j} Gamma[j, i] k_i u_i^T, from the chunk's start state S."""
-    o, final, u, h, _ = forward(args._replace(output_final_state=True))
+    nonfinite = None if _all_finite(args) else _NonFinite(args)
+    args = args._replace(output_final_state=True)
+    if nonfinite is not None:
+        args = nonfinite.finite._replace(output_final_state=True)
+    o, final, u, h, _ = _forward(args)
     _, kc, _, _, gc = _chunked_inputs(args)
     e, _, _, gamma = _decays(gc)
     rows = torch.arange(at.shape[0], device=at.device)[:, None]
@@ -118,7 +187,10 @@ def forward_states_at(args: GatedDeltaArgs, at: torch.Tensor) -> tuple[torch.Ten
     weights = gamma[c, rows, :, j]  # (B, P, H, C): Gamma[j, i], zero for i > j
     keys = kc[c, rows] * weights[..., None]  # (B, P, H, C, K)
     start = e[c, rows, :, j, None] * h[c, rows]  # e[c, rows, :, j]: (B, P, H, 1)
-    return o, final, start + keys.transpose(-1, -2) @ u[c, rows]
+    states = start + keys.transpose(-1, -2) @ u[c, rows]
+    if nonfinite is None:
+        return o, final, states
+    return nonfinite.output(o), nonfinite.final_state(final), nonfinite.states_at(states, at)
 
 
 def forward_inference(args: GatedDeltaArgs) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -11,12 +11,23 @@ Products over B and C are taken once per group, not once per head.
 Decays enter as exp of sums of a over segments, each sum taken directly (a masked cumulative
 sum per row), never as a difference of two long cumulative sums: a very negative a_t (a large
 dt) would otherwise wipe out the precision of every later difference in float32.
+
+Non-finite inputs stay causal, as in the per-position recurrence: the masked products multiply
+later positions by zeros, and 0 * NaN is NaN, so a NaN at position t would reach the outputs
+before t. The scan therefore runs on x, dt, B, C and z with every non-finite entry set to zero,
+and then marks non-finite what the recurrence makes non-finite: from t on, channel p of a head
+for a non-finite x[t, p], every channel of the head for a non-finite dt[t] or a non-finite
+B[t] of its group (the state), and at t alone the head's outputs for a non-finite C[t] of its
+group, channel p for a non-finite z[t, p]. Finite inputs give exactly what they gave without
+this. (A non-finite A, D, dt_bias or initial state reaches every position anyway.)
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from kernels.stacking import is_batched
 
 # Chunk length: one chunk up to this many positions, else CHUNK (measured on the study's
 # shapes, docs/kernels.md: one chunk is fastest for L <= 64, chunks of 32 for L = 256).
@@ -45,6 +56,34 @@ def _pad_positions(t: torch.Tensor, pad: int) -> torch.Tensor:
     return F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad))
 
 
+def _all_finite(*tensors: torch.Tensor | None) -> bool:
+    """Whether every entry is known to be finite, so that the masking passes can be skipped:
+    one sum per tensor, read on CPU and outside torch.compile only (elsewhere the read would be
+    a sync, or a graph break). Under torch.vmap (stacked models) the sums are of the tensors
+    holding every model's entries. A sum of finite values that overflows only sends them down
+    the exact, slower way."""
+    if torch.compiler.is_compiling() or tensors[0].device.type != "cpu":
+        return False
+    sums = torch.stack([_unbatched(t).sum(dtype=torch.float32) for t in tensors if t is not None])
+    return bool(torch.isfinite(sums).all())
+
+
+def _unbatched(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself, or under torch.vmap the tensor of all its batch entries (a value read from
+    it, unlike one read from `t`, may steer Python)."""
+    while is_batched(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return t
+
+
+def _zeroed(t: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(t with its non-finite entries set to 0, where they were); (None, None) for None."""
+    if t is None:
+        return None, None
+    bad = ~torch.isfinite(t)
+    return t.masked_fill(bad, 0), bad
+
+
 def ssd_chunked(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -60,6 +99,39 @@ def ssd_chunked(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes as `kernels.mamba2_scan` (validated there). Returns (out (B, L, H, P) in x's dtype,
     final state (B, H, P, N) in the compute dtype: float32, float64 for float64 x)."""
+    inputs = (x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states, chunk_size)
+    if _all_finite(x, dt, B, C, z):
+        return _ssd_finite(*inputs)
+    (x, bad_x), (dt, bad_dt), (z, bad_z) = _zeroed(x), _zeroed(dt), _zeroed(z)
+    (B, bad_B), (C, bad_C) = _zeroed(B), _zeroed(C)
+    out, state = _ssd_finite(x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states, chunk_size)
+    # From t on: rows p of the state (B, L, H, P) for x and dt, its columns (B, L, H, N) for
+    # B; an output reads every column.
+    per_head = x.shape[2] // B.shape[2]
+    rows = (bad_x | bad_dt[..., None]).cummax(dim=1).values
+    columns = bad_B.repeat_interleave(per_head, 2).cummax(dim=1).values
+    at_t = bad_C.any(-1).repeat_interleave(per_head, 2)[..., None]
+    if bad_z is not None:
+        at_t = at_t | bad_z
+    out = out.masked_fill(rows | columns.any(-1, keepdim=True) | at_t, torch.nan)
+    final = rows[:, -1, :, :, None] | columns[:, -1, :, None, :]  # (B, H, P, N)
+    return out, state.masked_fill(final, torch.nan)
+
+
+def _ssd_finite(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    z: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    dt_softplus: bool,
+    initial_states: torch.Tensor | None,
+    chunk_size: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ssd_chunked` on finite x, dt, B, C and z."""
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     batch, length, heads, P = x.shape
     groups, N = B.shape[2], B.shape[3]

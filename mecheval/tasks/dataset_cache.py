@@ -28,9 +28,27 @@ CACHE_FORMAT = "packed-1"
 
 
 def default_cache_dir() -> Path:
-    """`$MECHEVAL_CACHE` if set and non-empty, else `~/.cache/mecheval`."""
+    """`$MECHEVAL_CACHE` if set and non-empty, else `~/.cache/mecheval`.
+
+    Raises:
+        NotADirectoryError: that path, or a folder above it, is a file (named, with the
+            variable).
+    """
     configured = os.environ.get(CACHE_ENV_VAR)
-    return Path(configured) if configured else Path.home() / ".cache" / "mecheval"
+    path = Path(configured) if configured else Path.home() / ".cache" / "mecheval"
+    for above in [path, *path.parents]:
+        if above.exists():
+            if not above.is_dir():
+                where = "is a file" if above == path else f"lies under {above}, which is a file"
+                named = (
+                    f"{CACHE_ENV_VAR}={configured}" if configured else f"the dataset cache {path}"
+                )
+                raise NotADirectoryError(
+                    f"{named} {where}; the dataset cache needs a folder "
+                    f"(set {CACHE_ENV_VAR} to one)"
+                )
+            break
+    return path
 
 
 def _compact_dtype(tensor: torch.Tensor) -> torch.dtype:

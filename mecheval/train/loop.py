@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 
 import kernels
 from mecheval.config import ConfigError, from_dict, to_dict
+from mecheval.evaluate_config import LATEST
 from mecheval.io import (
     DamagedFileError,
     atomic_write_json,
@@ -46,13 +47,24 @@ from mecheval.io import (
 )
 from mecheval.models import build_model
 from mecheval.tasks import Batch, make_task
-from mecheval.train.checkpoint import latest_checkpoint, restore_newest, save_checkpoint
+from mecheval.train.checkpoint import (
+    TENSOR_FILES,
+    CheckpointError,
+    checkpoint_name,
+    latest_checkpoint,
+    list_checkpoints,
+    read_state,
+    restore_newest,
+    save_checkpoint,
+    verify_checkpoint,
+)
 from mecheval.train.config import TrainConfig, identity, resolve_device, validate_config
 from mecheval.train.schedule import learning_rate
 
 RESULT = "result.json"
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
+WEIGHTS = TENSOR_FILES[0]  # model.safetensors: all that evaluation loads of a checkpoint
 RESULT_KEYS = (
     "config",
     "steps",
@@ -451,8 +463,10 @@ def write_result(
     wall_time: float,
     **extra: Any,
 ) -> dict[str, Any]:
-    """Write (atomically) and return a finished run's result.json."""
+    """Write (atomically) and return a finished run's result.json. It names the final
+    checkpoint by path, step and the sha256 of its weights (what evaluation loads)."""
     final_ckpt = latest_checkpoint(run_dir / "checkpoints")
+    state = read_state(final_ckpt) if final_ckpt else {}
     result = {
         "run": run_dir.name,
         "config": to_dict(config),
@@ -463,6 +477,8 @@ def write_result(
         "num_params": sum(p.numel() for p in model.parameters()),
         "wall_time_s": round(wall_time, 3),
         "checkpoint": str(final_ckpt) if final_ckpt else None,
+        "checkpoint_step": state.get("step"),
+        "checkpoint_sha256": state.get("checksums", {}).get(WEIGHTS),
         "device": str(device),
         "precision": config.precision,
         **extra,
@@ -471,20 +487,91 @@ def write_result(
     return result
 
 
+def _weights_problem(path: Path, sha256: str | None = None) -> str | None:
+    """Why checkpoint `path` cannot give a run's weights (missing, damaged, or, when `sha256`
+    is given, other weights than those), or None when it can."""
+    if not path.is_dir():
+        return f"{path}: missing"
+    try:
+        state = verify_checkpoint(path, (WEIGHTS,))
+    except CheckpointError as error:
+        return str(error)
+    recorded = (state.get("checksums") or {}).get(WEIGHTS)
+    if sha256 is not None and recorded != sha256:
+        return f"{path / WEIGHTS}: not the weights the run's result names (another sha256)"
+    return None
+
+
+def _kept_steps(root: Path) -> str:
+    steps = [step for step, _ in list_checkpoints(root)]
+    return f"kept: steps {', '.join(map(str, steps))}" if steps else "no checkpoint is kept"
+
+
+def _result_step(result: dict[str, Any]) -> int:
+    """The step of the checkpoint a result names (results before `checkpoint_step` name it by
+    its folder, step_<step>)."""
+    if result.get("checkpoint_step") is not None:
+        return int(result["checkpoint_step"])
+    return int(Path(result["checkpoint"]).name.removeprefix("step_"))
+
+
+def run_checkpoint(run_dir: str | Path, step: int | str | None = None) -> tuple[Path, int]:
+    """(folder, step) of the checkpoint of a run to evaluate, checked: with `step` None, the
+    one its result.json names (the weights the result's accuracies are of: its step, and the
+    sha256 of its weights); with a step number, that step's; with "latest", the newest intact
+    one. Nothing falls back silently: another checkpoint is used only when asked for.
+
+    Raises:
+        CheckpointError: the checkpoint is missing or damaged (named, with the steps kept).
+        FileNotFoundError: `step` None, and the run has no result.json (it is not finished).
+        DamagedFileError: result.json is unreadable.
+    """
+    run_dir = Path(run_dir)
+    root = run_dir / "checkpoints"
+    ask = "evaluate another step explicitly with --step N or --step latest"
+    if step is None:
+        if not (run_dir / RESULT).exists():
+            raise FileNotFoundError(f"{run_dir / RESULT}: missing (the run is not finished); {ask}")
+        result = read_result(run_dir)
+        if result["checkpoint"] is None:
+            raise CheckpointError(f"{run_dir / RESULT}: names no checkpoint; {ask}")
+        named = _result_step(result)
+        path = root / checkpoint_name(named)
+        problem = _weights_problem(path, result.get("checkpoint_sha256"))
+        if problem:
+            raise CheckpointError(
+                f"{problem}; it is the checkpoint {run_dir / RESULT} names (step {named}); "
+                f"{_kept_steps(root)}; {ask}"
+            )
+        return path, named
+    if step == LATEST:
+        problems = []
+        for kept, path in reversed(list_checkpoints(root)):
+            problem = _weights_problem(path)
+            if problem is None:
+                return path, kept
+            problems.append(problem)
+        raise CheckpointError(f"{root}: no intact checkpoint ({'; '.join(problems) or 'none'})")
+    path = root / checkpoint_name(step)
+    problem = _weights_problem(path)
+    if problem:
+        raise CheckpointError(f"{problem}; step {step} was asked for; {_kept_steps(root)}")
+    return path, step
+
+
 def load_trained_model(
     run_dir: str | Path, device: str = "cpu", checkpoint: str | Path | None = None
 ) -> tuple[torch.nn.Module, Any, TrainConfig]:
-    """(model with the run's weights, its task, its config) from a run folder: the newest
-    checkpoint's weights, or those of `checkpoint` (a checkpoint folder of the run)."""
+    """(model with the run's weights, its task, its config) from a run folder: the weights of
+    the checkpoint its result.json names (`run_checkpoint`), or those of `checkpoint` (a
+    checkpoint folder of the run)."""
     from mecheval.train.checkpoint import load_weights
 
     run_dir = Path(run_dir)
     config = read_run_config(run_dir)
     task = build_task(config)
     model = build_model_for(config, task).to(device)
-    chosen = Path(checkpoint) if checkpoint else latest_checkpoint(run_dir / "checkpoints")
-    if chosen is None:
-        raise FileNotFoundError(f"{run_dir} has no checkpoint")
+    chosen = Path(checkpoint) if checkpoint else run_checkpoint(run_dir)[0]
     load_weights(chosen, model)
     model.eval()
     return model, task, config

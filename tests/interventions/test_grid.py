@@ -142,7 +142,7 @@ def test_bad_arguments_are_refused_by_name():
         interchange_grid(model, batch, corrupted, sites=["state"])
     with pytest.raises(ValueError, match="out of range"):
         interchange_grid(model, batch, corrupted, layers=[5])
-    with pytest.raises(ValueError, match="unknown position"):
+    with pytest.raises(ValueError, match="is not a position"):
         interchange_grid(model, batch, corrupted, positions=["middle"])
     with pytest.raises(ValueError, match="outside"):
         interchange_grid(model, batch, corrupted, positions=["query+5"])

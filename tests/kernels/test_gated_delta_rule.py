@@ -335,7 +335,8 @@ BAD_INPUTS = [
     (dict(g=torch.rand(2, 5, 3).long()), TypeError, ["g", "int64"]),
     (dict(g=torch.full((2, 5, 3), float("nan"))), ValueError, ["g", "finite"]),
     (dict(g=torch.full((2, 5, 3), float("-inf"))), ValueError, ["g", "finite"]),
-    (dict(g=torch.rand(2, 5, 3)), None, []),  # positive log decays: accepted, as fla does
+    (dict(g=torch.rand(2, 5, 3) + 0.01), ValueError, ["g", "<= 0", "positive"]),
+    (dict(g=torch.zeros(2, 5, 3)), None, []),  # no decay: the delta rule
     (dict(g=-torch.rand(2, 5, 3, dtype=torch.float64)), None, []),
     (dict(beta=torch.rand(3, 5, 3)), ValueError, ["beta", "B: 3 != 2"]),
     (dict(initial_state=torch.randn(2, 3, 4, 5)), ValueError, ["initial_state", "V: 5 != 6"]),

@@ -28,3 +28,19 @@ def tiny(*overrides: str) -> TrainConfig:
 
 def checkpoint_steps(run: Path) -> list[str]:
     return sorted(p.name for p in (run / "checkpoints").glob("step_*"))
+
+
+def cli_line(argv: list[str], capsys) -> tuple[int, str]:
+    """Run `mecheval argv`; its exit status and the one line it wrote to stderr (asserted to be
+    one line, without a traceback)."""
+    from mecheval import cli
+
+    capsys.readouterr()
+    try:
+        code = cli.main(argv)
+    except SystemExit as exit_:  # argparse's own errors
+        code = exit_.code
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    lines = [line for line in lines if "it/s]" not in line and "run/s]" not in line]  # tqdm
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    return code, lines[0]

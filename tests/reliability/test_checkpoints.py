@@ -19,6 +19,7 @@ from mecheval.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from mecheval.train.loop import run_checkpoint
 from tests.reliability.helpers import checkpoint_steps, tiny
 
 NEWEST, OLDER = "step_000000008", "step_000000006"
@@ -168,5 +169,10 @@ def test_evaluation_refuses_damaged_final_weights_by_name(tmp_path):
     with pytest.raises(CheckpointError, match=f"{NEWEST}/model.safetensors"):
         load_trained_model(run)
     shutil.rmtree(run / "checkpoints" / NEWEST)
-    model, _, _ = load_trained_model(run)  # the older checkpoint, asked for by removing it
-    assert model is not None
+    with pytest.raises(CheckpointError, match=f"{NEWEST}: missing; it is the checkpoint"):
+        load_trained_model(run)  # never the older one, unless asked for
+    older, step = run_checkpoint(run, "latest")
+    assert (older.name, step) == (OLDER, 6)
+    model, _, _ = load_trained_model(run, checkpoint=older)
+    expected = load_file(older / "model.safetensors")
+    assert all(torch.equal(p, expected[n]) for n, p in model.state_dict().items() if n in expected)
