@@ -53,8 +53,8 @@ def _gated_inputs() -> dict[str, torch.Tensor]:
 def test_a_nan_in_the_gated_delta_rule_stays_causal(name, index):
     inputs = _gated_inputs()
     inputs[name][index] = NAN
-    o, final, states = kernels.chunk_gated_delta_rule(
-        **inputs, output_final_state=True, states_at=AT, backend="torch"
+    o, final, states = kernels.chunk_gated_delta_rule_at(
+        **inputs, states_at=AT, return_final_state=True, backend="torch"
     )
     o_ref, final_ref, states_ref = gated_delta_rule_ref(
         **inputs, output_final_state=True, states_at=AT
