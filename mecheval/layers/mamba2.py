@@ -197,6 +197,11 @@ class Mamba2(RecurrentMixer):
         self.state = StateSite("state")
         self.convs = ("conv",) if use_conv else ()
 
+    # Contexts come from a base run in segments: a pass that also reads the states runs the
+    # scan in its selective-scan form, slower than the chunked SSD of the segments (the named
+    # grid 10.7 -> 11.5 s, benchmarks/grid_speedups.py setup, one thread).
+    context_sites = None
+
     def forward(
         self,
         hidden_states: torch.Tensor,

@@ -19,6 +19,11 @@ class ShortConvQKV(RecurrentMixer):
     `head_v_dim`, `key_dim`, `value_dim`, `use_short_conv` and `conv_size`, and calls
     `_add_convs` when it uses short convs."""
 
+    # Contexts come from a base run in segments: reading the states at the resume points in one
+    # pass costs more than the segments (DeltaNet's named grid 4.64 -> 5.01 s, Gated DeltaNet
+    # 5.76 -> 6.00 s, benchmarks/grid_speedups.py setup, one thread).
+    context_sites = None
+
     @property
     def readout_sites(self) -> Mapping[str, int]:
         """See mecheval.layers.mixer: q reads the state out at its own position alone (through
