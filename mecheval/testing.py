@@ -323,42 +323,43 @@ class _Probe:
         whole, _ = self.run(self.x)
         p = self.length // 2
         at = torch.full((self.batch,), p)
+        compared = []
         for site in states:
             _, read = self.run(self.x, reads={site: at})
             same, _ = self.run(self.x, patches={site: (at, read[site])})
             if not self.same(same, whole):
-                return Check(
-                    "state sites", False, f"patching {site} with its own value changes the run"
-                )
-            if not self.mixer.resumable:
-                continue
-            first = Resume()
-            self.run(self.x[:, : p + 1], resume=first)
-            slot = [
-                i
-                for i, t in enumerate(first.state)
-                if t is not None and t.shape == read[site].shape and self.same(t, read[site])
-            ]
-            if not slot:
+                detail = f"patching {site} with its own value changes the run"
+                return Check("state sites", False, detail)
+            slot = self._state_slot(read[site], p)
+            if slot is None:
                 continue
             values = read[site] + self.random(*read[site].shape)
             patched, _ = self.run(self.x, patches={site: (at, values)})
+            first = Resume()
+            self.run(self.x[:, : p + 1], resume=first)
             context = list(first.state)
-            context[slot[0]] = values
+            context[slot] = values
             resumed, _ = self.run(self.x[:, p + 1 :], resume=Resume(tuple(context)))
-            if not self.same(patched[:, : p + 1], whole[:, : p + 1]) or not self.same(
-                patched[:, p + 1 :], resumed
-            ):
-                return Check(
-                    "state sites",
-                    False,
-                    f"a patch of {site} at {p} differs from resuming from the patched state",
-                )
-        return Check(
-            "state sites",
-            True,
-            f"{', '.join(states)}: reads and patches equal resuming from the state",
-        )
+            before, after = patched[:, : p + 1], patched[:, p + 1 :]
+            if not self.same(before, whole[:, : p + 1]) or not self.same(after, resumed):
+                detail = f"a patch of {site} at {p} differs from resuming from the patched state"
+                return Check("state sites", False, detail)
+            compared.append(site)
+        detail = f"{', '.join(states)}: a patch with the state's own value is the identity"
+        if compared:
+            detail += f"; patches of {', '.join(compared)} equal resuming from the patched state"
+        return Check("state sites", True, detail)
+
+    def _state_slot(self, state: torch.Tensor, p: int) -> int | None:
+        """The place of the state in the context a run of [0, p] leaves, if it holds it."""
+        if not self.mixer.resumable:
+            return None
+        first = Resume()
+        self.run(self.x[:, : p + 1], resume=first)
+        for i, t in enumerate(first.state or ()):
+            if t is not None and t.shape == state.shape and self.same(t, state):
+                return i
+        return None
 
 
 def _same_context(ours, theirs, same) -> bool:
