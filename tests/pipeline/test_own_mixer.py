@@ -30,3 +30,29 @@ def test_train_evaluate_and_report_an_own_mixer(tmp_path, arch):
     assert cli.main(["report", str(tmp_path / "runs")]) == 0
     report = (tmp_path / "runs" / "report" / "report.md").read_text()
     assert arch in report
+
+
+def test_a_sweep_of_an_own_mixer_runs_in_worker_processes(tmp_path, monkeypatch):
+    """Spawned workers find the mixer by its import path, and a stack of its seeds trains as
+    the runs do alone."""
+    from mecheval.sweep import expand_sweep, run_sweep
+
+    monkeypatch.chdir(tmp_path)  # `examples` is found from the repository, not from here
+    base = {
+        "task": {"name": "ar", "options": {"num_pairs": 4, "num_keys": 16}, "train_size": 320},
+        "model": {"d_model": 16},
+        "steps": 4,
+        "eval_every": 2,
+        "backend": "torch",
+    }
+    runs = expand_sweep({"base": base, "grid": {"arch": [ARCH], "seed": [1, 2]}})
+    pooled = run_sweep(runs, tmp_path / "pooled", workers=2, progress=False)
+    stacked = run_sweep(runs, tmp_path / "stacked", stack=True, progress=False)
+    assert (pooled["status"] == "finished").all() and (stacked["status"] == "finished").all()
+    assert sorted(pooled["model.arch"]) == [ARCH, ARCH]
+    columns = ["run", "dev_accuracy", "test_accuracy"]
+    pd.testing.assert_frame_equal(
+        pooled[columns].sort_values("run").reset_index(drop=True),
+        stacked[columns].sort_values("run").reset_index(drop=True),
+        atol=1e-6,
+    )
