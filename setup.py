@@ -28,7 +28,14 @@ setup(
     extras_require={
         # CUDA peers, compared against in benchmarks; they need a CUDA toolchain to build.
         "gpu": ["causal-conv1d>=1.4", "mamba-ssm>=2.2", "flash-attn>=2.5"],
-        "test": ["pytest>=7", "pytest-xdist>=3", "pytest-benchmark>=4", "hypothesis>=6"],
+        # pyvene: DAS's swap is checked against its rotated-space intervention.
+        "test": [
+            "pytest>=7",
+            "pytest-xdist>=3",
+            "pytest-benchmark>=4",
+            "hypothesis>=6",
+            "pyvene>=0.1.8",
+        ],
         "dist": ["ray>=2.9"],
         "dev": ["ruff>=0.5"],
     },

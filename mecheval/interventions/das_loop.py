@@ -1,0 +1,111 @@
+"""DAS one combination at a time, as pyvene runs it: for each (site, position, k) its own R,
+trained by one full forward of the model per step (from the embedding, the logits at every
+position), the swap applied by a forward hook on the site's module (for a recurrent state,
+which no hook reaches, through the model's own `intervene`). It is the oracle of the batched
+`das`'s tests and the baseline of its benchmark; use `das` for real work.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from mecheval.interventions.das import (
+    COLUMNS,
+    DEFAULT_DIMS,
+    Bases,
+    DasSettings,
+    _frozen,
+    _minibatches,
+    _prepare,
+)
+from mecheval.tasks import Batch
+
+
+def das_loop(
+    model,
+    batch: Batch,
+    corrupted: torch.Tensor,
+    sites=None,
+    positions=None,
+    dims=DEFAULT_DIMS,
+    layers=None,
+    settings: DasSettings | None = None,
+) -> pd.DataFrame:
+    """Same arguments and result as `das`, each combination trained alone."""
+    settings = settings or DasSettings()
+    data, combos, target, query, train, held = _prepare(
+        model, batch, corrupted, sites, positions, dims, layers, settings
+    )
+    base_tokens = torch.as_tensor(corrupted, device=query.device)
+    parts = []
+    with _frozen(model):
+        for name, mine in combos.items():
+            site = data[name]
+            for combo in mine:
+                bases = Bases(site.width, combo.k, [combo.seed(settings.seed)])
+                run = _Run(model, site, combo.label, bases, base_tokens, query)
+                optimizer = torch.optim.Adam(bases.parameters(), lr=settings.lr)
+                order = _minibatches(train, settings)
+                for _ in range(settings.steps):
+                    docs = next(order)
+                    optimizer.zero_grad(set_to_none=True)
+                    logits = run(docs)
+                    F.cross_entropy(logits, target[docs]).backward()
+                    optimizer.step()
+                with torch.no_grad():
+                    logits = run(held)
+                parts.append(_rows(site, combo, held, logits, target))
+    return pd.concat(parts, ignore_index=True)[list(COLUMNS)]
+
+
+class _Run:
+    """One combination's patched forward: the logits at the query of documents `docs`."""
+
+    def __init__(self, model, site, label, bases, base_tokens, query) -> None:
+        self.model, self.site, self.label, self.bases = model, site, label, bases
+        self.base_tokens, self.query = base_tokens, query
+
+    def __call__(self, docs: torch.Tensor) -> torch.Tensor:
+        model, site = self.model, self.site
+        where = site.positions[self.label][docs]
+        source = site.source[self.label][docs]
+        rows = torch.arange(len(docs), device=docs.device)
+        if site.ref.short == "state":  # no hook reaches inside a scan
+            base = site.base[self.label][docs]
+            values = self.bases.swap(base[None], source[None])[0].view(len(docs), *site.shape)
+            with model.intervene(patches={site.ref.name: (where, values)}):
+                logits = model(self.base_tokens[docs])
+        else:
+
+            def swap(module, inputs, output):
+                patched = output.clone()
+                base = output[rows, where].float()
+                patched[rows, where] = self.bases.swap(base[None], source[None])[0].to(output)
+                return patched
+
+            handle = model.site(site.ref.name).register_forward_hook(swap)
+            try:
+                logits = model(self.base_tokens[docs])
+            finally:
+                handle.remove()
+        return logits[rows, self.query[docs]].float()
+
+
+def _rows(site, combo, docs, logits, target) -> pd.DataFrame:
+    wanted = target[docs]
+    p_target = F.softmax(logits, -1).gather(1, wanted[:, None])[:, 0]
+    return pd.DataFrame(
+        {
+            "example": docs.cpu().numpy(),
+            "layer": site.ref.layer,
+            "site": site.ref.short,
+            "position": combo.label,
+            "position_index": site.positions[combo.label][docs].cpu().numpy(),
+            "k": combo.k,
+            "width": site.width,
+            "correct": (logits.argmax(-1) == wanted).cpu().numpy(),
+            "p_target": p_target.cpu().numpy(),
+        }
+    )

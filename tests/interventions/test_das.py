@@ -1,0 +1,164 @@
+"""Distributed alignment search (mecheval.interventions.das): the batched run equals training
+each (site, position, k) alone through a hook, pyvene's way; at k = the site's width the
+patch is the interchange grid's; the swap is pyvene's low-rank rotated-space intervention;
+bad settings are refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mecheval.interventions import interchange_grid
+from mecheval.interventions.das import Bases, DasSettings, das
+from mecheval.interventions.das_loop import das_loop
+from mecheval.models import build_model
+from mecheval.tasks import make_task
+
+TASK = make_task("ar", num_pairs=4, num_keys=16)
+SETTINGS = DasSettings(steps=4, lr=5e-2, batch_size=4, holdout=0.5, seed=3)
+
+
+def _model(arch: str):
+    torch.manual_seed(0)
+    model = build_model(arch, TASK.vocab_size, 16, max_len=TASK.max_document_length)
+    with torch.no_grad():  # sharper than the init, so that patches matter
+        for p in model.parameters():
+            p.mul_(4.0)
+    return model.eval()
+
+
+def _data(n: int = 10):
+    batch = TASK.sample(n, seed=1, split="dev")
+    return batch, TASK.corrupt(batch, at="key", seed=1)
+
+
+KEYS = ["example", "layer", "site", "position", "k"]
+
+
+@pytest.mark.parametrize(
+    "arch, sites",
+    [("attention", ["block_input", "mixer_output"]), ("mamba", ["conv_output", "state"])],
+)
+def test_the_batched_run_equals_each_combination_alone(arch, sites):
+    model = _model(arch)
+    batch, corrupted = _data()
+    where = dict(sites=sites, positions=["key", "value"], dims=[1, 3])
+    fast = das(model, batch, corrupted, settings=SETTINGS, **where)
+    slow = das_loop(model, batch, corrupted, settings=SETTINGS, **where)
+    assert len(fast) == len(slow) > 0
+    merged = fast.merge(slow, on=KEYS, suffixes=("", "_loop"), validate="one_to_one")
+    assert len(merged) == len(fast)
+    np.testing.assert_allclose(merged["p_target"], merged["p_target_loop"], atol=1e-4, rtol=1e-3)
+    assert (merged["correct"] == merged["correct_loop"]).all()
+    assert set(fast["k"]) == {1, 3, *fast["width"]}  # the full swap is always there
+
+
+def test_the_full_swap_is_the_interchange_grids_patch():
+    model = _model("mamba")
+    batch, corrupted = _data()
+    sites, positions = ["block_input", "state"], ["key", "value", "query"]
+    table = das(
+        model, batch, corrupted, sites=sites, positions=positions, dims=[2], settings=SETTINGS
+    )
+    full = table[table["k"] == table["width"]]
+    grid = interchange_grid(model, batch, corrupted, sites=sites, positions=positions)
+    merged = full.merge(grid, on=["example", "layer", "site", "position"], validate="one_to_one")
+    assert len(merged) == len(full) > 0
+    np.testing.assert_allclose(merged["p_target"], merged["p_restored"], atol=1e-5, rtol=1e-4)
+
+
+def test_the_bases_stay_orthonormal_and_swap_a_subspace():
+    bases = Bases(6, 2, seeds=[0, 1])
+    R = bases.weight
+    torch.testing.assert_close(R.mT @ R, torch.eye(2).expand(2, 2, 2), atol=1e-6, rtol=0)
+    g = torch.Generator().manual_seed(0)
+    base, source = torch.randn(2, 5, 6, generator=g), torch.randn(2, 5, 6, generator=g)
+    patched = bases.swap(base, source)
+    # In the subspace the patch is the source's; orthogonal to it, the base's.
+    torch.testing.assert_close(patched @ R, source @ R, atol=1e-5, rtol=0)
+    rest = torch.eye(6) - R @ R.mT
+    torch.testing.assert_close(patched @ rest, base @ rest, atol=1e-5, rtol=0)
+
+
+def test_pyvenes_rotated_space_intervention_gives_the_same_patched_logits():
+    """pyvene's low-rank rotated-space intervention, with our trained R as its rotation and
+    hooked onto the site in a full forward of the base documents, gives the logits at the
+    query that our batched run (from the site's block, read out at the query) gives."""
+    pyvene = pytest.importorskip("pyvene")
+    from mecheval.interventions.das import _prepare, _SiteGroup
+
+    model = _model("attention")
+    batch, corrupted = _data()
+    data, combos, _, query, _, held = _prepare(
+        model, batch, corrupted, ["mixer_output"], ["value"], [3], [1], SETTINGS
+    )
+    (name,) = combos
+    combo = next(c for c in combos[name] if c.k == 3)
+    group = _SiteGroup(data[name], [combo], seed=SETTINGS.seed)
+    with torch.no_grad():  # R as initialised: any orthonormal R will do
+        ours = F.linear(group._patched(model, held, query)[0], model.unembedding)
+
+    theirs = pyvene.LowRankRotatedSpaceIntervention(embed_dim=16, low_rank_dimension=3)
+    theirs.rotate_layer.weight = group.bases["3"].weight[0].detach().clone()
+    site = data[name]
+    rows, where = torch.arange(len(held)), site.positions["value"][held]
+    source = site.source["value"][held]
+
+    def swap(module, inputs, output):
+        patched = output.clone()
+        patched[rows, where] = theirs(output[rows, where], source)
+        return patched
+
+    handle = model.site(name).register_forward_hook(swap)
+    try:
+        with torch.no_grad():
+            logits = model(torch.as_tensor(corrupted)[held])[rows, query[held]]
+    finally:
+        handle.remove()
+    torch.testing.assert_close(ours, logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "settings, words",
+    [
+        (dict(steps=0), "steps must be an int >= 1"),
+        (dict(lr=0.0), "lr must be > 0"),
+        (dict(holdout=1.0), r"holdout must be in \(0, 1\)"),
+        (dict(batch_size=2.5), "batch_size must be an int"),
+    ],
+)
+def test_bad_settings_are_refused_by_name(settings, words):
+    with pytest.raises(ValueError, match=words):
+        DasSettings(**settings)
+
+
+def test_bad_arguments_are_refused_by_name():
+    model = _model("attention")
+    batch, corrupted = _data()
+    with pytest.raises(ValueError, match="unknown site"):
+        das(model, batch, corrupted, sites=["state"], settings=SETTINGS)
+    with pytest.raises(ValueError, match="dims must be subspace sizes >= 1"):
+        das(model, batch, corrupted, dims=[0, 2], settings=SETTINGS)
+    with pytest.raises(ValueError, match="corrupted must have the batch's shape"):
+        das(model, batch, corrupted[:, :-1], settings=SETTINGS)
+    assert isinstance(
+        das(
+            model, batch, corrupted, sites=["block_output"], layers=[1], dims=[1], settings=SETTINGS
+        ),
+        pd.DataFrame,
+    )
+
+
+def test_the_answers_cross_entropy_and_its_gradient_are_torchs():
+    from mecheval.interventions.das import AnswerCrossEntropy
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(7, 16, dtype=torch.float64, generator=g).requires_grad_()
+    weight = 3 * torch.randn(50, 16, dtype=torch.float64, generator=g)
+    target = torch.randint(0, 50, (7,), generator=g)
+    ours = AnswerCrossEntropy.apply(hidden, weight, target)
+    torch.testing.assert_close(ours, F.cross_entropy(hidden @ weight.T, target, reduction="none"))
+    assert torch.autograd.gradcheck(lambda h: AnswerCrossEntropy.apply(h, weight, target), hidden)
