@@ -20,8 +20,8 @@ the queried key, so after a swap that carries it the model should give the origi
 Batched: every (site, position, k) combination trains at once, each with its own R: per site
 and step, one backward over (combinations x documents) rows, each row run from the site's
 block on, from the base run's context at a resume point at or before its patch (as the
-interchange grid runs its cells), and read out at the query alone. Their losses are summed, so each R gets its
-own loss's gradient and Adam updates it as it would alone, on the same documents in the same
+interchange grid runs its cells), and read out at the query alone. Their losses are summed, so
+each R gets its own loss's gradient and Adam updates it as it would alone, on the same documents in the same
 order (`das_loop` trains each alone through a forward hook, pyvene's way; the tests compare
 them). Parameters, defaults and cost: docs/das.md.
 """
@@ -44,8 +44,8 @@ from tqdm.auto import tqdm
 
 from mecheval.interventions.grid import _base_run, hidden_at
 from mecheval.interventions.plan import SiteRef, _resume_points, check_batch, select_sites
-from mecheval.layers.resume import context_rows
 from mecheval.interventions.positions import expand_positions, resolve_position
+from mecheval.layers.resume import context_rows
 from mecheval.tasks import Batch
 
 DEFAULT_DIMS = (1, 2, 4, 8, 16, 32, 64)
