@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from mecheval.config import ConfigError
-from mecheval.evaluate_config import LATEST, EvaluateConfig, OptionError
+from mecheval.evaluation.config import LATEST, EvaluateConfig, OptionError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -178,7 +178,7 @@ def _flag(option: str) -> str:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from mecheval.evaluate import evaluate_all, evaluation_summary, finished_runs
+    from mecheval.evaluation.evaluate import evaluate_all, evaluation_summary, finished_runs
 
     _check_cache()
     try:
@@ -202,7 +202,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from mecheval.report import build_report
+    from mecheval.evaluation.report import build_report
 
     out = build_report(args.path, _folder(Path(args.out)) if args.out else None)
     print(f"{out / 'report.md'}\n{out / 'report.html'}")

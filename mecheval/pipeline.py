@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from mecheval.config import load_config
-from mecheval.evaluate_config import EvaluateConfig
+from mecheval.evaluation.config import EvaluateConfig
 from mecheval.sweep.executor import Executor
 
 QUICKSTART_SWEEP = {
@@ -94,8 +94,8 @@ def run_pipeline(config: RunConfig, out: str | Path, progress: bool = True) -> d
     Returns:
         {"results": sweep table, "mechanisms": read-out table, "report": report folder}
     """
-    from mecheval.evaluate import evaluate_all
-    from mecheval.report import build_report
+    from mecheval.evaluation.evaluate import evaluate_all
+    from mecheval.evaluation.report import build_report
     from mecheval.sweep import expand_sweep, run_sweep
 
     out = Path(out)
@@ -126,8 +126,8 @@ def check_evaluation(options: EvaluateConfig, configs: Sequence) -> None:
     Raises:
         ConfigError: naming the option (`evaluate.<name>`), the bad value and what is allowed.
     """
-    from mecheval.evaluate import documents_of
-    from mecheval.evaluate_config import OptionError, check_options
+    from mecheval.evaluation.config import OptionError, check_options
+    from mecheval.evaluation.documents import documents_of
 
     try:
         documents_of(configs, check_options(options))

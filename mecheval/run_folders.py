@@ -26,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from mecheval.evaluate import INTERVENTIONS, evaluated_step
+from mecheval.evaluation.evaluate import INTERVENTIONS, evaluated_step
 from mecheval.io import DamagedFileError
 from mecheval.sweep.runner import ERROR
 from mecheval.train.checkpoint import list_checkpoints

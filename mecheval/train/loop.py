@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 import kernels
 from mecheval.config import ConfigError, from_dict, to_dict
-from mecheval.evaluate_config import LATEST
+from mecheval.evaluation.config import LATEST
 from mecheval.io import (
     DamagedFileError,
     atomic_write_json,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mecheval.evaluate import evaluate_run
+from mecheval.evaluation.evaluate import evaluate_run
+from mecheval.evaluation.report import build_report
 from mecheval.interventions import interchange_grid, per_cell_loop, readout
-from mecheval.report import build_report
 from mecheval.train import load_trained_model
 
 

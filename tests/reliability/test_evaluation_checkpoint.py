@@ -11,7 +11,7 @@ import shutil
 import pandas as pd
 import pytest
 
-from mecheval.evaluate import evaluate_run
+from mecheval.evaluation.evaluate import evaluate_run
 from mecheval.train import train
 from mecheval.train.checkpoint import CheckpointError
 from tests.reliability.helpers import cli_line, tiny

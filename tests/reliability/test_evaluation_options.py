@@ -10,8 +10,8 @@ import json
 import numpy as np
 import pytest
 
-from mecheval.evaluate import evaluate_run
-from mecheval.evaluate_config import OptionError
+from mecheval.evaluation.config import OptionError
+from mecheval.evaluation.evaluate import evaluate_run
 from mecheval.tasks import make_task
 from mecheval.train import train
 from tests.reliability.helpers import cli_line, tiny

@@ -12,8 +12,8 @@ import pandas as pd
 import torch.nn.functional as F
 
 from mecheval.config import to_dict
-from mecheval.evaluate import evaluate_run
-from mecheval.report import build_report
+from mecheval.evaluation.evaluate import evaluate_run
+from mecheval.evaluation.report import build_report
 from mecheval.sweep.runner import run_one
 from mecheval.train import train
 from tests.reliability.helpers import cli_line, tiny

@@ -4,7 +4,7 @@ Parquet next to its checkpoint.
     evaluate_run(run_dir)    one run  -> run_dir/interventions.parquet, run_dir/examples.parquet
     evaluate_all(path)       a run folder, or a folder of runs (a sweep): every finished run;
                              also the read-outs of every kept checkpoint
-                             (mecheval.over_training)
+                             (mecheval.evaluation.over_training)
 
 For each run: its evaluation documents (the dev split, `task.eval_size` of them), corrupted at
 the key and, separately, at the value; every layer and site of the model at the named
@@ -16,13 +16,12 @@ value corruption draw key ids by default, as the study does; `corruption_options
 the checkpoint step whose weights were patched (`step`).
 
 Nothing is dropped or substituted silently:
-- every option is checked before any work starts, for every run (mecheval.evaluate_config,
-  and `evaluation_documents` against each run's task), and an error names the option, the bad
-  value and what is allowed;
-- a position that lies outside some documents (a shift past the end of a short document, an
-  index past it) is patched in the documents it lies inside only; how many documents each such
-  position skipped is recorded (`interventions.json`, and `evaluation_summary`); a position
-  inside no document is an error;
+- every option is checked before any work starts, for every run (mecheval.evaluation.config,
+  and mecheval.evaluation.documents against each run's task), and an error names the option,
+  the bad value and what is allowed;
+- a position that lies outside some documents is patched in the documents it lies inside
+  only; how many documents each such position skipped is recorded (`interventions.json`, and
+  `evaluation_summary`); a position inside no document is an error;
 - the weights are those of the checkpoint the run's result.json names, checked against its
   step and checksum; when it is missing or damaged, evaluation stops and says so, unless
   another step is asked for (`step=N`, or `step="latest"`: the newest intact one).
@@ -40,109 +39,31 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
-import torch
 from tqdm.auto import tqdm
 
-from mecheval.evaluate_config import (
+from mecheval.evaluation.config import (
     CORRUPTIONS,
     DEFAULTS,
     POSITIONS,
     EvaluateConfig,
-    OptionError,
     check_options,
 )
+from mecheval.evaluation.documents import (
+    EvaluationDocuments,
+    document_records,
+    documents_key,
+    documents_of,
+)
+from mecheval.evaluation.over_training import evaluate_over_training
 from mecheval.interventions import interchange_grid
-from mecheval.interventions.positions import expand_positions, inside_documents, parse_position
 from mecheval.io import DamagedFileError, atomic_write_json, atomic_write_parquet, read_parquet
-from mecheval.tasks import Batch, Task
 from mecheval.train.checkpoint import read_state
 from mecheval.train.config import TrainConfig
-from mecheval.train.loop import (
-    RESULT,
-    build_task,
-    load_trained_model,
-    read_run_config,
-    run_checkpoint,
-)
+from mecheval.train.loop import RESULT, load_trained_model, read_run_config, run_checkpoint
 
 INTERVENTIONS = "interventions.parquet"
 EXAMPLES = "examples.parquet"
 STAMP = "interventions.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class EvaluationDocuments:
-    """A task's evaluation documents, corrupted, and where the asked positions lie in them.
-
-    Attributes:
-        task: the task (with the evaluation's corruption options).
-        batch: the documents (on CPU).
-        corrupted: per corruption ("key", "value"), the corrupted tokens (n, L).
-        groups: the position labels in groups that lie inside the same documents, each with
-            those documents' indices (None: every document).
-        skipped: per position that lies outside some documents, how many it skips.
-    """
-
-    task: Task
-    batch: Batch
-    corrupted: dict[str, torch.Tensor]
-    groups: list[tuple[list[str], torch.Tensor | None]]
-    skipped: dict[str, int]
-
-
-def _outside_everywhere(label: str, batch: Batch, where: str) -> str:
-    """Why position `label` is refused: it lies inside no document (`where` names them)."""
-    parsed = parse_position(label)
-    if isinstance(parsed, int):
-        longest = int(batch.lengths.max())
-        return f"{label} lies past the end of every {where} (the longest has {longest} tokens)"
-    name, _ = parsed
-    at = batch.positions[name]
-    low, high = -int(at.max()), int((batch.lengths - 1 - at).max())
-    return (
-        f"{label!r} lies outside every {where} ({name}+k lies inside some of them for k "
-        f"from {low} to +{high})"
-    )
-
-
-def evaluation_documents(
-    task, eval_size: int, options: EvaluateConfig, corruption_options: Mapping | None = None
-) -> EvaluationDocuments:
-    """The documents `options` evaluates a run of `task` on (its `eval_size` documents of the
-    split), corrupted, with every position and corruption checked against them.
-
-    Raises:
-        OptionError: a position lies inside none of the documents; a corruption cannot be
-            drawn for this task (e.g. a one-key task has no other key).
-    """
-    task = _with_corruption_options(task, corruption_options or {})
-    batch = task.dataset(options.split, size=eval_size)
-    where = f"{options.split} document of {task.label()}"
-    groups: dict[bytes, tuple[list[str], torch.Tensor]] = {}
-    skipped = {}
-    for label in expand_positions(options.positions, batch.width):
-        inside = inside_documents(label, batch)
-        if not inside.any():
-            raise OptionError("positions", _outside_everywhere(label, batch, where))
-        if not inside.all():
-            skipped[label] = int((~inside).sum())
-        groups.setdefault(inside.numpy().tobytes(), ([], inside))[0].append(label)
-    corrupted = {}
-    for at in options.corruptions:
-        try:
-            corrupted[at] = task.corrupt(batch, at=at, seed=options.seed)
-        except ValueError as error:
-            raise OptionError("corruptions", str(error)) from None
-    return EvaluationDocuments(
-        task=task,
-        batch=batch,
-        corrupted=corrupted,
-        groups=[
-            (labels, None if inside.all() else inside.nonzero()[:, 0])
-            for labels, inside in groups.values()
-        ],
-        skipped=skipped,
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,29 +77,6 @@ class _RunPlan:
     step: int
 
 
-def _documents_key(config: TrainConfig) -> str:
-    """Runs with equal keys are evaluated on the same documents."""
-    task = config.task
-    return json.dumps([task.name, task.options, task.eval_size], sort_keys=True)
-
-
-def documents_of(
-    configs: Sequence[TrainConfig],
-    options: EvaluateConfig,
-    corruption_options: Mapping | None = None,
-) -> dict[str, EvaluationDocuments]:
-    """The evaluation documents of the runs of `configs`, made and checked once per task
-    (`evaluation_documents`), by `_documents_key`."""
-    documents: dict[str, EvaluationDocuments] = {}
-    for config in configs:
-        key = _documents_key(config)
-        if key not in documents:
-            task = build_task(config)
-            eval_size = config.task.eval_size
-            documents[key] = evaluation_documents(task, eval_size, options, corruption_options)
-    return documents
-
-
 def _plans(
     runs: Sequence[Path], options: EvaluateConfig, corruption_options: Mapping | None
 ) -> list[_RunPlan]:
@@ -188,7 +86,7 @@ def _plans(
     plans = []
     for run, config in zip(runs, configs, strict=True):
         checkpoint, step = run_checkpoint(run, options.step)
-        plans.append(_RunPlan(run, config, documents[_documents_key(config)], checkpoint, step))
+        plans.append(_RunPlan(run, config, documents[documents_key(config)], checkpoint, step))
     return plans
 
 
@@ -347,43 +245,6 @@ def evaluation_summary(run_dir: str | Path) -> str:
     return line
 
 
-@torch.no_grad()
-def document_records(model, batch) -> pd.DataFrame:
-    """Per evaluation document: example index, key and query positions, distance (query -
-    key), correct (the answer is the argmax at the query), p_answer (its probability)."""
-    was_training = model.training
-    model.eval()
-    correct, p_answer = [], []
-    for start in range(0, len(batch), 256):
-        part = batch[start : start + 256]
-        width = int(part.lengths.max())
-        logits = model(part.tokens[:, :width], positions=part.positions["query"]).float()
-        correct.append(logits.argmax(-1) == part.answers)
-        p_answer.append(logits.softmax(-1).gather(1, part.answers[:, None])[:, 0])
-    model.train(was_training)
-    key, query = batch.positions["key"].cpu(), batch.positions["query"].cpu()
-    return pd.DataFrame(
-        {
-            "example": range(len(batch)),
-            "key_position": key.numpy(),
-            "query_position": query.numpy(),
-            "distance": (query - key).numpy(),
-            "correct": torch.cat(correct).cpu().numpy(),
-            "p_answer": torch.cat(p_answer).cpu().numpy(),
-        }
-    )
-
-
-def _with_corruption_options(task, options: Mapping[str, object]):
-    unknown = sorted(set(options) - set(task.corruption_options))
-    if unknown:
-        raise ValueError(
-            f"corruption_options {unknown} are not corruption options of task {task.name!r} "
-            f"(its options: {list(task.corruption_options) or 'none'})"
-        )
-    return dataclasses.replace(task, **options) if options else task
-
-
 def finished_runs(path: str | Path) -> list[Path]:
     """`path` itself if it is a finished run, else its finished runs (one level down)."""
     path = Path(path)
@@ -401,11 +262,9 @@ def evaluate_all(
     **options,
 ) -> pd.DataFrame:
     """`evaluate_run` on every finished run under `path` (and, with `over_training`, the
-    read-outs of every kept checkpoint: mecheval.over_training); returns all grids
+    read-outs of every kept checkpoint: mecheval.evaluation.over_training); returns all grids
     concatenated. `options` are EvaluateConfig's fields. Every run's options and checkpoint
     are checked before the first is evaluated."""
-    from mecheval.over_training import evaluate_over_training
-
     checked = check_options(EvaluateConfig(**options))
     runs = finished_runs(path)
     if not runs:

@@ -3,13 +3,14 @@
     evidence_table(best, results)   read-outs of each selected run, with bootstrap intervals over
                                     its documents and, where the configuration ran with several
                                     seeds, over seeds too; plus layer-0 short-conv read-outs
-    over_training_table(best)       the read-outs of every kept checkpoint (mecheval.over_training)
+    over_training_table(best)       the read-outs of every kept checkpoint
+                                    (mecheval.evaluation.over_training)
     formation_steps(table)          per run: the first step each mechanism reaches 0.5
     distance_table(best)            accuracy and read-outs by key-to-query distance
 
-`best` and `results` are the report's tables (mecheval.report.collect_results / best_runs):
-one row per run with its path, identity (task, arch, d_model, n_layers, lr, seed) and
-accuracies.
+`best` and `results` are the report's tables (mecheval.evaluation.report.collect_results /
+best_runs): one row per run with its path, identity (task, arch, d_model, n_layers, lr, seed)
+and accuracies.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mecheval.evaluate import EXAMPLES, INTERVENTIONS
+from mecheval.evaluation.evaluate import EXAMPLES, INTERVENTIONS
+from mecheval.evaluation.over_training import CONV_POSITIONS, OVER_TRAINING
 from mecheval.interventions import attrib_intervals, readout
 from mecheval.interventions.scores import MECHANISMS
 from mecheval.io import read_parquet
-from mecheval.over_training import CONV_POSITIONS, OVER_TRAINING
 
 READOUTS = tuple(MECHANISMS)
 IDENTITY = (

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from mecheval.evaluate import document_records
+from mecheval.evaluation.config import DEFAULTS
+from mecheval.evaluation.documents import document_records
 from mecheval.interventions import interchange_grid, readout, readout_cells
 from mecheval.io import atomic_write_json, atomic_write_parquet
 from mecheval.train.checkpoint import (
@@ -38,7 +39,9 @@ OVER_TRAINING = "readouts_over_training.parquet"
 CONV_POSITIONS = ("value", "value+1", "value+2")
 
 
-def readout_grids(model, batch, corrupted, memory_budget: int = 1 << 30) -> pd.DataFrame:
+def readout_grids(
+    model, batch, corrupted, memory_budget: int = DEFAULTS.memory_budget
+) -> pd.DataFrame:
     """The interchange grid of the read-out cells (see the module docstring)."""
     depth = len(model.layers)
     cells = readout_cells(depth)
@@ -89,10 +92,10 @@ def _conv_readouts(grid: pd.DataFrame) -> dict[str, float]:
 
 def evaluate_over_training(
     run_dir: str | Path,
-    split: str = "dev",
-    device: str = "cpu",
-    seed: int = 0,
-    memory_budget: int = 1 << 30,
+    split: str = DEFAULTS.split,
+    device: str = DEFAULTS.device,
+    seed: int = DEFAULTS.seed,
+    memory_budget: int = DEFAULTS.memory_budget,
     force: bool = False,
 ) -> pd.DataFrame:
     """The read-outs of every kept checkpoint of a run (see the module docstring).

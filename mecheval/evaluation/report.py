@@ -9,7 +9,7 @@ Contents:
   accuracy tables say how many runs they rest on (the finished ones; a result.json that cannot
   be read leaves its run out, listed as unreadable);
 - findings: the study's five findings, each with the study's numbers, ours and a verdict
-  computed from the runs (mecheval.findings);
+  computed from the runs (mecheval.evaluation.findings);
 - accuracy: the best learning rate per (task, architecture, width, depth), by final dev
   accuracy, with its dev and test accuracy;
 - mechanism: for each selected run, key corrupted, the Attrib of restoring layer 1's block
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mecheval.analysis import (
+from mecheval.evaluation.analysis import (
     distance_table,
     evidence_table,
     formation_steps,
@@ -40,13 +40,13 @@ from mecheval.analysis import (
     over_training_table,
     read_evaluation,
 )
-from mecheval.evaluate import INTERVENTIONS
-from mecheval.findings import findings_table
+from mecheval.evaluation.evaluate import INTERVENTIONS
+from mecheval.evaluation.findings import findings_table
+from mecheval.evaluation.plots import heatmap, over_training, value_vs_query
+from mecheval.evaluation.study_numbers import at_study_scale, study_accuracy
 from mecheval.interventions import MECHANISM_THRESHOLD, attrib
 from mecheval.io import atomic_write_parquet
-from mecheval.plots import heatmap, over_training, value_vs_query
 from mecheval.run_folders import FINISHED, status_counts, status_table
-from mecheval.study_numbers import at_study_scale, study_accuracy
 from mecheval.tasks import make_task
 from mecheval.train.loop import read_result
 
@@ -241,12 +241,12 @@ def build_report(path: str | Path, out: str | Path | None = None) -> Path:
         f"of the {len(folders)} run folder(s) (see Run folders). "
     )
     findings_note = rests_on + (
-        "Verdicts are computed from the runs below (mecheval.findings): a model solves a task "
-        "at dev accuracy >= 0.5 and fails it below 0.3; each architecture is judged at its "
-        "most accurate width. A finding that does not show in runs smaller than the study's "
-        '(another task setting, or fewer training steps) is "not reproduced at this scale"; '
-        "\"not reproduced\" needs the study's setting and length. The study's numbers are its "
-        "best learning rate per width."
+        "Verdicts are computed from the runs below (mecheval.evaluation.findings): a model "
+        "solves a task at dev accuracy >= 0.5 and fails it below 0.3; each architecture is "
+        "judged at its most accurate width. A finding that does not show in runs smaller than "
+        "the study's (another task setting, or fewer training steps) is \"not reproduced at "
+        'this scale"; "not reproduced" needs the study\'s setting and length. The study\'s '
+        "numbers are its best learning rate per width."
     )
     sections = [
         ("Findings", findings_note, findings),
