@@ -26,7 +26,8 @@ import sys
 from pathlib import Path
 
 from mecheval.config import ConfigError
-from mecheval.evaluation.config import LATEST, EvaluateConfig, OptionError
+from mecheval.evaluation.config import EvaluateConfig, OptionError
+from mecheval.run_folder import LATEST
 
 
 class _Parser(argparse.ArgumentParser):
@@ -93,7 +94,8 @@ def _check_cache() -> None:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from mecheval.sweep import run_name
-    from mecheval.train import load_train_config, train
+    from mecheval.train.config import load_train_config
+    from mecheval.train.loop import train
 
     config = load_train_config(args.config, args.overrides)
     out = _folder(Path(args.out) if args.out else Path("runs") / run_name(config))
@@ -178,7 +180,8 @@ def _flag(option: str) -> str:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from mecheval.evaluation.evaluate import evaluate_all, evaluation_summary, finished_runs
+    from mecheval.evaluation.evaluate import evaluate_all, evaluation_summary
+    from mecheval.run_folder.status import finished_runs
 
     _check_cache()
     try:

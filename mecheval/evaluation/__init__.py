@@ -14,6 +14,7 @@ analysis -> findings -> report):
     plots          the report's figures
     report         build_report: Markdown, HTML, PNG and Parquet
 
-The package imports none of its modules here, so that the command line can load the light
-`config` alone.
+Every file they read or write in a run folder is named, read and written by
+mecheval.run_folder. The package imports none of its modules here, so that the command line can
+load the light `config` alone.
 """

@@ -17,11 +17,11 @@ from collections.abc import Callable
 from typing import Literal
 
 from mecheval.config import ConfigError
+from mecheval.run_folder import LATEST
 
 CORRUPTIONS = ("key", "value")
 POSITIONS = ("key", "value", "divider", "query", "value+1", "value+2")
 SPLITS = ("dev", "test")
-LATEST = "latest"
 
 
 @dataclasses.dataclass

@@ -23,8 +23,7 @@ import torch
 from mecheval.evaluation.config import EvaluateConfig, OptionError
 from mecheval.interventions.positions import expand_positions, inside_documents, parse_position
 from mecheval.tasks import Batch, Task
-from mecheval.train.config import TrainConfig
-from mecheval.train.loop import build_task
+from mecheval.train.config import TrainConfig, build_task
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,6 @@ killed evaluation resumes.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -56,14 +55,13 @@ from mecheval.evaluation.documents import (
 )
 from mecheval.evaluation.over_training import evaluate_over_training
 from mecheval.interventions import interchange_grid
-from mecheval.io import DamagedFileError, atomic_write_json, atomic_write_parquet, read_parquet
-from mecheval.train.checkpoint import read_state
+from mecheval.io import DamagedFileError
+from mecheval.run_folder import files
+from mecheval.run_folder.checkpoints import read_state, weights_sha256
+from mecheval.run_folder.files import EXAMPLES, INTERVENTIONS, INTERVENTIONS_STAMP, RESULT
+from mecheval.run_folder.status import finished_runs
+from mecheval.run_folder.weights import load_trained_model, run_checkpoint
 from mecheval.train.config import TrainConfig
-from mecheval.train.loop import RESULT, load_trained_model, read_run_config, run_checkpoint
-
-INTERVENTIONS = "interventions.parquet"
-EXAMPLES = "examples.parquet"
-STAMP = "interventions.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +79,7 @@ def _plans(
     runs: Sequence[Path], options: EvaluateConfig, corruption_options: Mapping | None
 ) -> list[_RunPlan]:
     """Check everything the runs' evaluations need, before any starts."""
-    configs = [read_run_config(run) for run in runs]
+    configs = [files.read_run_config(run) for run in runs]
     documents = documents_of(configs, options, corruption_options)
     plans = []
     for run, config in zip(runs, configs, strict=True):
@@ -146,19 +144,19 @@ def _settings(plan: _RunPlan, options: EvaluateConfig) -> dict:
         "corruption": {at: task.corruption_metadata(at) for at in options.corruptions},
         "checkpoint": {
             "step": plan.step,
-            "sha256": (state.get("checksums") or {}).get("model.safetensors"),
+            "sha256": weights_sha256(state),
         },
     }
 
 
 def _evaluate(plan: _RunPlan, options: EvaluateConfig, force: bool) -> pd.DataFrame:
     run_dir, documents = plan.run_dir, plan.documents
-    out, stamp = run_dir / INTERVENTIONS, run_dir / STAMP
     settings = _settings(plan, options)
-    done = out.exists() and (run_dir / EXAMPLES).exists() and stamp.exists()
-    if done and not force and _read_stamp(run_dir).get("settings") == settings:
+    done = all((run_dir / name).exists() for name in (INTERVENTIONS, EXAMPLES, INTERVENTIONS_STAMP))
+    stamp = files.read_stamp(run_dir, INTERVENTIONS_STAMP)
+    if done and not force and stamp.get("settings") == settings:
         try:
-            return read_parquet(out)
+            return files.read_table(run_dir, INTERVENTIONS)
         except DamagedFileError:
             pass  # evaluated anew, below
     device = options.device
@@ -186,10 +184,10 @@ def _evaluate(plan: _RunPlan, options: EvaluateConfig, force: bool) -> pd.DataFr
     }
     for i, (name, value) in enumerate(identity.items()):
         table.insert(i, name, value)
-    atomic_write_parquet(out, table)
-    atomic_write_parquet(run_dir / EXAMPLES, examples)
+    files.write_table(run_dir, INTERVENTIONS, table)
+    files.write_table(run_dir, EXAMPLES, examples)
     record = {"settings": settings, "documents": len(batch), "skipped": documents.skipped}
-    atomic_write_json(stamp, record)
+    files.write_stamp(run_dir, INTERVENTIONS_STAMP, record)
     return table
 
 
@@ -214,43 +212,19 @@ def _grids(model, batch, corrupted, groups, memory_budget: int) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _read_stamp(run_dir: Path) -> dict:
-    """A run's interventions.json ({} when missing or unreadable: the run is evaluated anew)."""
-    try:
-        record = json.loads((run_dir / STAMP).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}
-    return record if isinstance(record, dict) else {}
-
-
-def evaluated_step(run_dir: str | Path) -> int | None:
-    """The checkpoint step a run's stored evaluation used (None: not recorded)."""
-    settings = _read_stamp(Path(run_dir)).get("settings") or {}
-    step = (settings.get("checkpoint") or {}).get("step")
-    return step if isinstance(step, int) else None
-
-
 def evaluation_summary(run_dir: str | Path) -> str:
     """One line on a run's stored evaluation: the checkpoint step it used, its documents and
     the positions that skipped some of them."""
     run_dir = Path(run_dir)
-    record = _read_stamp(run_dir)
+    record = files.read_stamp(run_dir, INTERVENTIONS_STAMP)
     if not record.get("settings"):
         return f"{run_dir}: not evaluated"
-    line = f"{run_dir}: step {evaluated_step(run_dir)}, {record.get('documents')} documents"
+    line = f"{run_dir}: step {files.evaluated_step(run_dir)}, {record.get('documents')} documents"
     skipped = record.get("skipped") or {}
     if skipped:
         parts = ", ".join(f"{label} lies outside {n}" for label, n in skipped.items())
         line += f" ({parts}: skipped there)"
     return line
-
-
-def finished_runs(path: str | Path) -> list[Path]:
-    """`path` itself if it is a finished run, else its finished runs (one level down)."""
-    path = Path(path)
-    if (path / RESULT).exists():
-        return [path]
-    return sorted(p.parent for p in path.glob(f"*/{RESULT}"))
 
 
 def evaluate_all(

@@ -5,7 +5,7 @@ mechanism side by side.
 
 Contents:
 - how many run folders it found, by status (finished, diverged, failed, incomplete,
-  unreadable: mecheval.run_folders), and a table of every one of them; the findings and
+  unreadable: mecheval.run_folder.status), and a table of every one of them; the findings and
   accuracy tables say how many runs they rest on (the finished ones; a result.json that cannot
   be read leaves its run out, listed as unreadable);
 - findings: the study's five findings, each with the study's numbers, ours and a verdict
@@ -38,17 +38,15 @@ from mecheval.evaluation.analysis import (
     formation_steps,
     key_grid,
     over_training_table,
-    read_evaluation,
 )
-from mecheval.evaluation.evaluate import INTERVENTIONS
 from mecheval.evaluation.findings import findings_table
 from mecheval.evaluation.plots import heatmap, over_training, value_vs_query
 from mecheval.evaluation.study_numbers import at_study_scale, study_accuracy
 from mecheval.interventions import MECHANISM_THRESHOLD, attrib
 from mecheval.io import atomic_write_parquet
-from mecheval.run_folders import FINISHED, status_counts, status_table
+from mecheval.run_folder.files import INTERVENTIONS, read_result, read_table
+from mecheval.run_folder.status import FINISHED, status_counts, status_table
 from mecheval.tasks import make_task
-from mecheval.train.loop import read_result
 
 MODEL = ["task", "setting", "arch", "d_model", "n_layers"]
 
@@ -60,7 +58,7 @@ def task_setting(task_section: dict) -> str:
 
 
 def collect_results(folders: pd.DataFrame) -> pd.DataFrame:
-    """One row per finished run of `folders` (mecheval.run_folders.status_table): its identity
+    """One row per finished run of `folders` (mecheval.run_folder.status.status_table): its identity
     and accuracies."""
     rows = []
     for run in map(Path, folders.loc[folders["status"] == FINISHED, "path"]):
@@ -114,7 +112,7 @@ def corruption_note(best: pd.DataFrame) -> str:
     """Which ids the evaluated runs' corruptions drew from, per task."""
     seen: dict[str, dict[str, str]] = {}
     for _, run in best[best["evaluated"]].iterrows():
-        grid = read_evaluation(run["path"], INTERVENTIONS)
+        grid = read_table(run["path"], INTERVENTIONS)
         if "replacement_ids" not in grid:
             continue
         pairs = grid[["task", "corruption", "replacement_ids"]].drop_duplicates()

@@ -24,15 +24,16 @@ from typing import Any
 import pandas as pd
 
 from mecheval.config import ConfigError, from_dict, to_dict
-from mecheval.io import DamagedFileError, atomic_write_json, atomic_write_parquet
+from mecheval.io import DamagedFileError, atomic_write_parquet
+from mecheval.run_folder import files
+from mecheval.run_folder.files import RESULT, read_result
 from mecheval.sweep.executor import EXECUTORS, Executor
 from mecheval.sweep.grid import Run
 from mecheval.train.config import TrainConfig, identity
-from mecheval.train.loop import RESULT, read_result, train
+from mecheval.train.loop import train
 
 RESULTS = "results.parquet"
 STACK_MEMORY = 4 << 30  # bytes of estimated training memory per stack
-ERROR = "error.json"
 
 
 def _outcome(run_path: Path, result: dict | BaseException) -> dict[str, Any]:
@@ -42,9 +43,9 @@ def _outcome(run_path: Path, result: dict | BaseException) -> dict[str, Any]:
             "error": f"{type(result).__name__}: {result}",
             "traceback": "".join(traceback.format_exception(result)),
         }
-        atomic_write_json(run_path / ERROR, record)
+        files.write_error(run_path, record)
         return record
-    (run_path / ERROR).unlink(missing_ok=True)
+    files.clear_error(run_path)
     return {"status": "finished", **result}
 
 
@@ -128,11 +129,11 @@ def result_row(run: Run, run_dir: Path) -> dict[str, Any]:
             checkpoint=result["checkpoint"],
             error=None,
         )
-    elif (run_dir / ERROR).exists():
+    elif (run_dir / files.ERROR).exists():
         try:
-            error = json.loads((run_dir / ERROR).read_bytes().decode("utf-8"))["error"]
-        except (ValueError, KeyError, TypeError) as reason:
-            error = f"{run_dir / ERROR}: unreadable ({type(reason).__name__}: {reason})"
+            error = files.read_error(run_dir)
+        except DamagedFileError as unreadable:
+            error = str(unreadable)
         row.update(status="failed", error=error)
     else:
         row.update(status="pending", error=None)

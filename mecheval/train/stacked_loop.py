@@ -23,33 +23,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 import kernels
-from mecheval.io import atomic_write_parquet, atomic_write_text, exclusive_lock
-from mecheval.tasks import Batch
-from mecheval.train.checkpoint import (
+from mecheval.run_folder import files
+from mecheval.run_folder.checkpoints import (
     latest_checkpoint,
     list_checkpoints,
     prune_checkpoints,
     restore_newest,
     save_checkpoint,
 )
+from mecheval.tasks import Batch
 from mecheval.train.config import TrainConfig, identity, resolve_device, validate_config
 from mecheval.train.loop import (
-    METRICS,
     TrainingDiverged,
     _autocast,
     _kept,
     accuracy,
     cadence,
-    finished_result,
     fresh_model,
     prepare_folder,
-    read_metrics,
     train_batch,
     write_result,
 )
@@ -110,7 +106,7 @@ class _Member:
 
     @property
     def checkpoints(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return self.run_dir / files.CHECKPOINTS
 
     def lr(self, step: int) -> float:
         o = self.config.optim
@@ -143,15 +139,17 @@ def train_stacked(
     task = None
     for config in configs:
         task = validate_config(config)  # every config, before anything is written
-    outcomes: list[Any] = [finished_result(c, d) for c, d in zip(configs, run_dirs, strict=True)]
+    outcomes: list[Any] = [
+        files.finished_result(c, d) for c, d in zip(configs, run_dirs, strict=True)
+    ]
     with contextlib.ExitStack() as locks:
         for d, outcome in zip(run_dirs, outcomes, strict=True):
             if outcome is None:
-                locks.enter_context(exclusive_lock(d / ".lock"))
+                locks.enter_context(files.training_lock(d))
         todo = []
         for i, (c, d) in enumerate(zip(configs, run_dirs, strict=True)):
             if outcomes[i] is None:
-                outcomes[i] = finished_result(c, d)  # finished meanwhile by another process
+                outcomes[i] = files.finished_result(c, d)  # finished meanwhile by another process
             if outcomes[i] is None:
                 prepare_folder(c, d)
                 todo.append(i)
@@ -213,8 +211,7 @@ def _run(configs: list[TrainConfig], run_dirs: list[Path], task) -> list[Any]:
     )
     for k, m in enumerate(members):
         optimizer.load_state_of(k, names, m.optimizer.state_dict()["state"])
-        m.records = read_metrics(m.run_dir / METRICS, start)
-        atomic_write_text(m.run_dir / METRICS, "".join(json.dumps(r) + "\n" for r in m.records))
+        m.records = files.keep_metrics(m.run_dir, start)
     loop = _Loop(configs[0], members, stack, optimizer, train_data, device, start, elapsed)
     loop.run()
     results: list[Any] = []
@@ -267,7 +264,9 @@ class _Loop:
             unit="step",
         )
         with contextlib.ExitStack() as closing:
-            logs = [closing.enter_context(open(m.run_dir / METRICS, "a")) for m in self.members]
+            logs = [files.MetricsLog(m.run_dir) for m in self.members]
+            for log in logs:
+                closing.enter_context(contextlib.closing(log))
             closing.enter_context(contextlib.closing(bar))
             for step in range(self.start, total):
                 lrs = [0.0 if m.error else m.lr(step) for m in self.members]
@@ -357,8 +356,7 @@ class _Loop:
                 record[f"{split}_accuracy"] = acc
                 m.best = max(m.best, acc)
             m.records.append(record)
-            log.write(json.dumps(record) + "\n")
-            log.flush()
+            log.write(record)
 
     def _checkpoint(self, done: int) -> None:
         """Every live run's checkpoint of step `done`; old ones pruned once all are written."""
@@ -381,7 +379,7 @@ class _Loop:
             extra = {"best_accuracy": m.best, "elapsed_s": self.elapsed()}
             keep = m.config.keep_checkpoints + 1  # the previous one stays until all are saved
             save_checkpoint(m.checkpoints, done, m.model, m.optimizer, extra, keep=keep)
-            atomic_write_parquet(m.run_dir / "metrics.parquet", pd.DataFrame(m.records))
+            files.write_metrics_table(m.run_dir, m.records)
             saved.append(m)
         for m in saved:
             prune_checkpoints(m.checkpoints, m.config.keep_checkpoints, done)

@@ -11,7 +11,7 @@ import torch
 
 import kernels
 from mecheval.train import loop
-from mecheval.train.config import TrainConfig, resolve_device, validate_config
+from mecheval.train.config import TrainConfig, build_task, resolve_device, validate_config
 from mecheval.train.stacked import StackedAdamW, StackedModels
 from mecheval.train.stacked_loop import _Loop
 
@@ -38,7 +38,7 @@ def measure_step_time(config: TrainConfig, steps: int = 5, warmup: int = 2) -> f
     """Seconds per training step (forward, backward, AdamW) of `config`'s model on its device,
     timed on a few freshly sampled batches; used to estimate a sweep's wall time."""
     device = resolve_device(config.device)
-    task = loop.build_task(config)
+    task = build_task(config)
     with kernels.use_backend(config.backend):
         model, optimizer = loop.fresh_model(config, task, device)
         step_fn = torch.compile(model) if config.compile else model

@@ -9,7 +9,7 @@ import pytest
 from mecheval import cli
 from mecheval.config import ConfigError
 from mecheval.io import exclusive_lock
-from mecheval.train import train
+from mecheval.train.loop import train
 from tests.reliability.helpers import TINY, cli_line, tiny
 
 

@@ -9,8 +9,9 @@ import yaml
 from mecheval import cli
 from mecheval.config import ConfigError
 from mecheval.pipeline import QUICKSTART_SWEEP, load_run_config
-from mecheval.train import load_train_config, train
-from mecheval.train.loop import read_run_config
+from mecheval.run_folder.files import read_run_config
+from mecheval.train.config import load_train_config
+from mecheval.train.loop import train
 from tests.reliability.helpers import tiny
 
 

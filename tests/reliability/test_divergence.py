@@ -10,8 +10,7 @@ import pytest
 import torch.nn.functional as F
 
 from mecheval.config import ConfigError
-from mecheval.train import train
-from mecheval.train.loop import TrainingDiverged
+from mecheval.train.loop import TrainingDiverged, train
 from tests.reliability.helpers import checkpoint_steps, tiny
 
 

@@ -15,7 +15,7 @@ from mecheval.config import to_dict
 from mecheval.evaluation.evaluate import evaluate_run
 from mecheval.evaluation.report import build_report
 from mecheval.sweep.runner import run_one
-from mecheval.train import train
+from mecheval.train.loop import train
 from tests.reliability.helpers import cli_line, tiny
 
 

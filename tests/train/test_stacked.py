@@ -17,9 +17,11 @@ from safetensors.torch import load_file
 import tests.reliability.helpers as reliability
 from mecheval.config import ConfigError
 from mecheval.models import ARCHITECTURES, build_model
+from mecheval.run_folder.files import RESULT, read_result
 from mecheval.tasks import make_task
-from mecheval.train import load_train_config, stacked_loop, train
-from mecheval.train.loop import RESULT, read_result
+from mecheval.train import stacked_loop
+from mecheval.train.config import load_train_config
+from mecheval.train.loop import train
 from mecheval.train.stacked import StackedAdamW, StackedModels
 from mecheval.train.stacked_loop import stack_key, train_stacked
 

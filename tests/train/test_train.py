@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 
 from mecheval.config import ConfigError
 from mecheval.models import build_model
-from mecheval.train import load_train_config, train
-from mecheval.train.loop import answer_logits
+from mecheval.train.config import load_train_config
+from mecheval.train.loop import answer_logits, train
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [
@@ -70,7 +70,8 @@ def test_resume_after_sigkill_is_bitwise_identical(tmp_path):
     script = (
         # Same thread count as this process: float sums are bitwise reproducible only then.
         f"import torch; torch.set_num_threads({torch.get_num_threads()}); "
-        "from mecheval.train import load_train_config, train; "
+        "from mecheval.train.config import load_train_config; "
+        "from mecheval.train.loop import train; "
         f"train(load_train_config(None, {overrides!r}), {str(killed)!r})"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO))
