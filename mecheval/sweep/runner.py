@@ -7,8 +7,8 @@ Rerunning the sweep skips finished runs and resumes unfinished ones from their c
 A failing run is recorded (status "failed", with its error) without stopping the others;
 `retries` reruns it that many more times.
 
-With `stack=True`, runs that differ only in seed and optimiser settings (mecheval.train.
-stacked_loop.stack_key) train together as stacked models, up to `stack_memory` bytes of
+With `stack=True`, runs that differ only in seed and optimiser settings (mecheval.train.loop.
+stack_key) train together as stacked models, up to `stack_memory` bytes of
 estimated training memory per stack; each still gets its own folder, result row and error.
 """
 
@@ -30,7 +30,7 @@ from mecheval.run_folder.files import RESULT, read_result
 from mecheval.sweep.executor import EXECUTORS, Executor
 from mecheval.sweep.grid import Run
 from mecheval.train.config import TrainConfig, identity
-from mecheval.train.loop import train
+from mecheval.train.loop import stack_key, train, train_stacked, training_bytes
 
 RESULTS = "results.parquet"
 STACK_MEMORY = 4 << 30  # bytes of estimated training memory per stack
@@ -71,8 +71,6 @@ def run_stack(
     damaged), each run is trained alone instead, so that one bad folder fails only its run."""
     import torch
 
-    from mecheval.train.stacked_loop import train_stacked
-
     if len(config_dicts) == 1:
         return [run_one(config_dicts[0], run_dirs[0], threads)]
     if threads:
@@ -89,8 +87,6 @@ def run_stack(
 def stacks(runs: list[Run], memory: int) -> list[list[Run]]:
     """`runs` in groups that train as one stack: same `stack_key`, in the runs' order, each
     group within `memory` bytes of estimated training memory (at least one run)."""
-    from mecheval.train.stacked_loop import stack_key, training_bytes
-
     groups: dict[str, list[list[Run]]] = {}
     for run in runs:
         chunks = groups.setdefault(stack_key(run.config), [[]])

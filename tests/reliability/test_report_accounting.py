@@ -31,7 +31,7 @@ def _nan_loss_from(monkeypatch, first: int) -> None:
                 return loss + loss.detach() * math.nan
         return loss
 
-    monkeypatch.setattr("mecheval.train.loop.F.cross_entropy", cross_entropy)
+    monkeypatch.setattr("mecheval.train.steps.F.cross_entropy", cross_entropy)
 
 
 def _run_folders(tmp_path, monkeypatch):
