@@ -228,19 +228,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if (done["results"]["status"] == "finished").all() else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="mecheval", description="Mechanistic evaluation of sequence models.")
-    parser.add_argument(
-        "--debug", action="store_true", help="show the traceback of any error, not one line"
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train one model")
     p.add_argument("--config", help="YAML training config")
     p.add_argument("--out", help="run folder (default: runs/<name from config>)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. arch=mamba lr=1e-3")
     p.set_defaults(func=_cmd_train)
 
+
+def _add_sweep(sub) -> None:
     p = sub.add_parser("sweep", help="train a grid of models")
     p.add_argument("file", help="YAML sweep file (base + grid)")
     p.add_argument("--out", help="sweep folder (default: runs/<file stem>)")
@@ -273,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="key=value overrides of the sweep's base config")
     p.set_defaults(func=_cmd_sweep)
 
+
+def _add_data(sub) -> None:
     data = sub.add_parser("data", help="task data tools").add_subparsers(
         dest="data_command", required=True
     )
@@ -290,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="task options as key=value")
     p.set_defaults(func=_cmd_data_stats)
 
+
+def _add_evaluate(sub) -> None:
     p = sub.add_parser("evaluate", help="run the intervention grids of trained runs")
     p.add_argument("path", help="a run folder or a sweep folder")
     defaults = EvaluateConfig()
@@ -313,16 +313,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="re-evaluate runs already evaluated")
     p.set_defaults(func=_cmd_evaluate)
 
+
+def _add_report(sub) -> None:
     p = sub.add_parser("report", help="write the Markdown/HTML report of evaluated runs")
     p.add_argument("path", help="a run folder or a sweep folder")
     p.add_argument("--out", help="report folder (default: PATH/report)")
     p.set_defaults(func=_cmd_report)
 
+
+def _add_run(sub) -> None:
     p = sub.add_parser("run", help="the main job: train, evaluate, report")
     p.add_argument("config", nargs="?", help="YAML run config (default: the CPU quickstart)")
     p.add_argument("--out", default="runs/main", help="output folder")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. workers=4")
     p.set_defaults(func=_cmd_run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="mecheval", description="Mechanistic evaluation of sequence models.")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of any error, not one line"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_train, _add_sweep, _add_data, _add_evaluate, _add_report, _add_run):
+        add(sub)
     return parser
 
 

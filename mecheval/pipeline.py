@@ -24,7 +24,7 @@ from mecheval.config import load_config
 from mecheval.evaluation.config import EvaluateConfig, OptionError, check_options
 from mecheval.evaluation.documents import documents_of
 from mecheval.evaluation.evaluate import evaluate_all
-from mecheval.evaluation.report import build_report
+from mecheval.evaluation.report import build_report, read_report_table
 from mecheval.sweep import Executor, expand_sweep, run_sweep
 
 # The default main job, configs/quickstart.yaml, shipped inside the package (setup.py).
@@ -75,8 +75,8 @@ def run_pipeline(config: RunConfig, out: str | Path, progress: bool = True) -> d
     if (table["status"] == "finished").any():
         evaluate_all(out, progress=progress, **asdict(config.evaluate))
     report = build_report(out)
-    evidence = pd.read_parquet(report / "evidence.parquet")
-    findings = pd.read_parquet(report / "findings.parquet")
+    evidence = read_report_table(report, "evidence")
+    findings = read_report_table(report, "findings")
     return {"results": table, "mechanisms": evidence, "findings": findings, "report": report}
 
 
