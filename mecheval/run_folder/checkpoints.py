@@ -140,7 +140,7 @@ def save_checkpoint(
 
 def prune_checkpoints(root: Path, keep: int, newest: int) -> None:
     """Keep checkpoint `newest` and the `keep - 1` before it; drop the older ones and any past
-    `newest` (a history the run left when it fell back to an earlier checkpoint)."""
+    `newest` (a history the run left when it fell back to an older checkpoint)."""
     complete = list_checkpoints(root)
     older = [path for step, path in complete if step < newest]
     stale = [path for step, path in complete if step > newest]
