@@ -25,6 +25,8 @@ import argparse
 import sys
 from pathlib import Path
 
+# Only these light modules load at start; each command imports what it runs when it runs, so
+# that `--help` or a bad option answers without loading torch.
 from mecheval.config import ConfigError
 from mecheval.evaluation.config import EvaluateConfig, OptionError
 from mecheval.run_folder import LATEST

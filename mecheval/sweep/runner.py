@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch
 
 from mecheval.config import ConfigError, from_dict, to_dict
 from mecheval.io import DamagedFileError, atomic_write_parquet
@@ -51,8 +52,6 @@ def _outcome(run_path: Path, result: dict | BaseException) -> dict[str, Any]:
 
 def run_one(config_dict: dict, run_dir: str, threads: int | None = None) -> dict[str, Any]:
     """Train one run (in a worker); returns its result, or its error, never raises."""
-    import torch
-
     if threads:
         torch.set_num_threads(threads)
     config = from_dict(TrainConfig, config_dict)
@@ -69,8 +68,6 @@ def run_stack(
     """Train runs as one stack (in a worker); returns each run's result or error, never
     raises. When the stack as a whole fails (a run's folder holds another config, a file is
     damaged), each run is trained alone instead, so that one bad folder fails only its run."""
-    import torch
-
     if len(config_dicts) == 1:
         return [run_one(config_dicts[0], run_dirs[0], threads)]
     if threads:
