@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from mecheval.config import ConfigError, from_dict, to_dict
+from mecheval.config import ConfigError, flatten, from_dict, to_dict
 from mecheval.io import (
     DamagedFileError,
     atomic_write_json,
@@ -129,15 +129,7 @@ def write_result(folder: Path, config: TrainConfig, **fields: Any) -> dict[str, 
 
 
 def _differences(saved: TrainConfig, asked: TrainConfig) -> str:
-    def flat(value: Any, prefix: str = "") -> dict:
-        if isinstance(value, dict) and value:
-            out = {}
-            for k, v in value.items():
-                out.update(flat(v, f"{prefix}.{k}" if prefix else str(k)))
-            return out
-        return {prefix: value}
-
-    a, b = flat(identity(saved)), flat(identity(asked))
+    a, b = flatten(identity(saved)), flatten(identity(asked))
     keys = sorted(k for k in {*a, *b} if a.get(k) != b.get(k))
     return "; ".join(f"{k}: {a.get(k)!r} there, {b.get(k)!r} asked" for k in keys[:5])
 

@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from mecheval.config import ConfigError, from_dict, to_dict
+from mecheval.config import ConfigError, flatten, from_dict, to_dict
 from mecheval.io import DamagedFileError, atomic_write_parquet
 from mecheval.run_folder import files
 from mecheval.run_folder.files import RESULT, read_result
@@ -93,18 +93,11 @@ def stacks(runs: list[Run], memory: int) -> list[list[Run]]:
     return [chunk for chunks in groups.values() for chunk in chunks]
 
 
-def _flatten(prefix: str, value: Any, out: dict) -> None:
-    if isinstance(value, dict) and value:
-        for k, v in value.items():
-            _flatten(f"{prefix}.{k}" if prefix else k, v, out)
-    else:
-        out[prefix] = json.dumps(value) if isinstance(value, (list, dict)) else value
-
-
 def result_row(run: Run, run_dir: Path) -> dict[str, Any]:
     """The table row of one run, read from its folder (pending, finished or failed)."""
     row: dict[str, Any] = {"run": run.name}
-    _flatten("", identity(run.config), row)
+    for key, value in flatten(identity(run.config)).items():
+        row[key] = json.dumps(value) if isinstance(value, (list, dict)) else value
     if (run_dir / RESULT).exists():
         try:
             result = read_result(run_dir)
