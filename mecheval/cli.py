@@ -115,7 +115,14 @@ def _on_gpu(device: str) -> bool:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from mecheval.sweep import EXECUTORS, estimate_sweep, load_sweep, run_sweep, select_runs
+    from mecheval.sweep import (
+        EXECUTORS,
+        estimate_sweep,
+        execution_of,
+        load_sweep,
+        run_sweep,
+        select_runs,
+    )
 
     if args.executor not in EXECUTORS:
         raise ConfigError(f"--executor must be one of {EXECUTORS}, got {args.executor!r}")
@@ -142,15 +149,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             gpu_hours = estimate["total_run_s"] / 3600
             print(f"estimated GPU-hours: {gpu_hours:.2f} (from the step times measured here)")
         return 0
-    table = run_sweep(
-        runs,
-        out,
-        executor=args.executor,
-        workers=args.workers,
-        retries=args.retries,
-        address=args.address,
-        stack=args.stack,
-    )
+    table = run_sweep(runs, out, **execution_of(args))
     counts = table["status"].value_counts().to_dict()
     print(f"{out / 'results.parquet'}: {counts}")
     return 0 if counts.get("failed", 0) == 0 else 1

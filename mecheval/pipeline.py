@@ -25,7 +25,7 @@ from mecheval.evaluation.config import EvaluateConfig, OptionError, check_option
 from mecheval.evaluation.documents import documents_of
 from mecheval.evaluation.evaluate import evaluate_all
 from mecheval.evaluation.report import build_report, read_report_table
-from mecheval.sweep import Executor, expand_sweep, run_sweep
+from mecheval.sweep import Executor, execution_of, expand_sweep, run_sweep
 
 # The default main job, configs/quickstart.yaml, shipped inside the package (setup.py).
 QUICKSTART = Path(__file__).with_name("quickstart.yaml")
@@ -62,16 +62,7 @@ def run_pipeline(config: RunConfig, out: str | Path, progress: bool = True) -> d
     out = Path(out)
     runs = expand_sweep(config.sweep)
     check_evaluation(config.evaluate, [run.config for run in runs])
-    table = run_sweep(
-        runs,
-        out,
-        executor=config.executor,
-        workers=config.workers,
-        retries=config.retries,
-        address=config.address,
-        progress=progress,
-        stack=config.stack,
-    )
+    table = run_sweep(runs, out, progress=progress, **execution_of(config))
     if (table["status"] == "finished").any():
         evaluate_all(out, progress=progress, **asdict(config.evaluate))
     report = build_report(out)
