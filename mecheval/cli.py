@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 # Only these light modules load at start; each command imports what it runs when it runs, so
@@ -185,18 +186,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from mecheval.run_folder.status import finished_runs
 
     _check_cache()
+    options = {field.name: getattr(args, field.name) for field in fields(EvaluateConfig)}
     try:
-        table = evaluate_all(
-            args.path,
-            split=args.split,
-            device=args.device,
-            corruptions=args.corruptions,
-            positions=args.positions,
-            seed=args.seed,
-            memory_budget=args.memory_budget,
-            step=args.step,
-            force=args.force,
-        )
+        table = evaluate_all(args.path, force=args.force, **options)
     except OptionError as error:
         raise error.renamed(_flag) from None
     for run in finished_runs(args.path):
@@ -290,27 +282,30 @@ def _add_data(sub) -> None:
     p.set_defaults(func=_cmd_data_stats)
 
 
+# How `mecheval evaluate` takes each EvaluateConfig field: its flag is `_flag(field)`, its
+# default the field's; these are the rest of its argparse keywords.
+_EVALUATE_FLAGS: dict[str, dict] = {
+    "split": {"help": "dev or test"},
+    "corruptions": {"nargs": "+", "help": "e.g. key value"},
+    "positions": {"nargs": "+", "help": "e.g. key query value+1"},
+    "device": {},
+    "seed": {"type": int, "help": "the corruption's seed"},
+    "memory_budget": {"type": int, "help": "bytes per chunk"},
+    "step": {
+        "type": _step,
+        "help": "the checkpoint to evaluate: a step number, or latest (the newest intact one); "
+        "default: the one the run's result.json names",
+    },
+}
+
+
 def _add_evaluate(sub) -> None:
     p = sub.add_parser("evaluate", help="run the intervention grids of trained runs")
     p.add_argument("path", help="a run folder or a sweep folder")
     defaults = EvaluateConfig()
-    p.add_argument("--split", default=defaults.split, help="dev or test")
-    p.add_argument("--device", default=defaults.device)
-    p.add_argument("--corruptions", nargs="+", default=defaults.corruptions, help="e.g. key value")
-    p.add_argument(
-        "--positions", nargs="+", default=defaults.positions, help="e.g. key query value+1"
-    )
-    p.add_argument("--seed", type=int, default=defaults.seed, help="the corruption's seed")
-    p.add_argument(
-        "--memory-budget", type=int, default=defaults.memory_budget, help="bytes per chunk"
-    )
-    p.add_argument(
-        "--step",
-        type=_step,
-        default=defaults.step,
-        help="the checkpoint to evaluate: a step number, or latest (the newest intact one); "
-        "default: the one the run's result.json names",
-    )
+    for field in fields(EvaluateConfig):
+        default = getattr(defaults, field.name)
+        p.add_argument(_flag(field.name), default=default, **_EVALUATE_FLAGS[field.name])
     p.add_argument("--force", action="store_true", help="re-evaluate runs already evaluated")
     p.set_defaults(func=_cmd_evaluate)
 
