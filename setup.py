@@ -14,6 +14,9 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["kernels", "kernels.*", "mecheval", "mecheval.*"]),
+    # The main job's default, configs/quickstart.yaml, ships inside the package (through the
+    # link mecheval/quickstart.yaml), so that an installed mecheval finds it too.
+    package_data={"mecheval": ["quickstart.yaml"]},
     install_requires=[
         "torch>=2.4",
         "triton>=3.0; platform_system == 'Linux'",

@@ -23,10 +23,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import fields
 from pathlib import Path
 
+# Only these light modules load at start; each command imports what it runs when it runs, so
+# that `--help` or a bad option answers without loading torch.
 from mecheval.config import ConfigError
-from mecheval.evaluate_config import LATEST, EvaluateConfig, OptionError
+from mecheval.evaluation.config import EvaluateConfig, OptionError
+from mecheval.run_folder import LATEST
 
 
 class _Parser(argparse.ArgumentParser):
@@ -93,7 +97,8 @@ def _check_cache() -> None:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from mecheval.sweep import run_name
-    from mecheval.train import load_train_config, train
+    from mecheval.train.config import load_train_config
+    from mecheval.train.loop import train
 
     config = load_train_config(args.config, args.overrides)
     out = _folder(Path(args.out) if args.out else Path("runs") / run_name(config))
@@ -111,7 +116,14 @@ def _on_gpu(device: str) -> bool:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from mecheval.sweep import EXECUTORS, estimate_sweep, load_sweep, run_sweep, select_runs
+    from mecheval.sweep import (
+        EXECUTORS,
+        estimate_sweep,
+        execution_of,
+        load_sweep,
+        run_sweep,
+        select_runs,
+    )
 
     if args.executor not in EXECUTORS:
         raise ConfigError(f"--executor must be one of {EXECUTORS}, got {args.executor!r}")
@@ -138,15 +150,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             gpu_hours = estimate["total_run_s"] / 3600
             print(f"estimated GPU-hours: {gpu_hours:.2f} (from the step times measured here)")
         return 0
-    table = run_sweep(
-        runs,
-        out,
-        executor=args.executor,
-        workers=args.workers,
-        retries=args.retries,
-        address=args.address,
-        stack=args.stack,
-    )
+    table = run_sweep(runs, out, **execution_of(args))
     counts = table["status"].value_counts().to_dict()
     print(f"{out / 'results.parquet'}: {counts}")
     return 0 if counts.get("failed", 0) == 0 else 1
@@ -178,21 +182,13 @@ def _flag(option: str) -> str:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from mecheval.evaluate import evaluate_all, evaluation_summary, finished_runs
+    from mecheval.evaluation.evaluate import evaluate_all, evaluation_summary
+    from mecheval.run_folder.status import finished_runs
 
     _check_cache()
+    options = {field.name: getattr(args, field.name) for field in fields(EvaluateConfig)}
     try:
-        table = evaluate_all(
-            args.path,
-            split=args.split,
-            device=args.device,
-            corruptions=args.corruptions,
-            positions=args.positions,
-            seed=args.seed,
-            memory_budget=args.memory_budget,
-            step=args.step,
-            force=args.force,
-        )
+        table = evaluate_all(args.path, force=args.force, **options)
     except OptionError as error:
         raise error.renamed(_flag) from None
     for run in finished_runs(args.path):
@@ -202,7 +198,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from mecheval.report import build_report
+    from mecheval.evaluation.report import build_report
 
     out = build_report(args.path, _folder(Path(args.out)) if args.out else None)
     print(f"{out / 'report.md'}\n{out / 'report.html'}")
@@ -225,19 +221,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if (done["results"]["status"] == "finished").all() else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="mecheval", description="Mechanistic evaluation of sequence models.")
-    parser.add_argument(
-        "--debug", action="store_true", help="show the traceback of any error, not one line"
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train one model")
     p.add_argument("--config", help="YAML training config")
     p.add_argument("--out", help="run folder (default: runs/<name from config>)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. arch=mamba lr=1e-3")
     p.set_defaults(func=_cmd_train)
 
+
+def _add_sweep(sub) -> None:
     p = sub.add_parser("sweep", help="train a grid of models")
     p.add_argument("file", help="YAML sweep file (base + grid)")
     p.add_argument("--out", help="sweep folder (default: runs/<file stem>)")
@@ -270,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="key=value overrides of the sweep's base config")
     p.set_defaults(func=_cmd_sweep)
 
+
+def _add_data(sub) -> None:
     data = sub.add_parser("data", help="task data tools").add_subparsers(
         dest="data_command", required=True
     )
@@ -287,39 +281,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="task options as key=value")
     p.set_defaults(func=_cmd_data_stats)
 
+
+# How `mecheval evaluate` takes each EvaluateConfig field: its flag is `_flag(field)`, its
+# default the field's; these are the rest of its argparse keywords.
+_EVALUATE_FLAGS: dict[str, dict] = {
+    "split": {"help": "dev or test"},
+    "corruptions": {"nargs": "+", "help": "e.g. key value"},
+    "positions": {"nargs": "+", "help": "e.g. key query value+1"},
+    "device": {},
+    "seed": {"type": int, "help": "the corruption's seed"},
+    "memory_budget": {"type": int, "help": "bytes per chunk"},
+    "step": {
+        "type": _step,
+        "help": "the checkpoint to evaluate: a step number, or latest (the newest intact one); "
+        "default: the one the run's result.json names",
+    },
+}
+
+
+def _add_evaluate(sub) -> None:
     p = sub.add_parser("evaluate", help="run the intervention grids of trained runs")
     p.add_argument("path", help="a run folder or a sweep folder")
     defaults = EvaluateConfig()
-    p.add_argument("--split", default=defaults.split, help="dev or test")
-    p.add_argument("--device", default=defaults.device)
-    p.add_argument("--corruptions", nargs="+", default=defaults.corruptions, help="e.g. key value")
-    p.add_argument(
-        "--positions", nargs="+", default=defaults.positions, help="e.g. key query value+1"
-    )
-    p.add_argument("--seed", type=int, default=defaults.seed, help="the corruption's seed")
-    p.add_argument(
-        "--memory-budget", type=int, default=defaults.memory_budget, help="bytes per chunk"
-    )
-    p.add_argument(
-        "--step",
-        type=_step,
-        default=defaults.step,
-        help="the checkpoint to evaluate: a step number, or latest (the newest intact one); "
-        "default: the one the run's result.json names",
-    )
+    for field in fields(EvaluateConfig):
+        default = getattr(defaults, field.name)
+        p.add_argument(_flag(field.name), default=default, **_EVALUATE_FLAGS[field.name])
     p.add_argument("--force", action="store_true", help="re-evaluate runs already evaluated")
     p.set_defaults(func=_cmd_evaluate)
 
+
+def _add_report(sub) -> None:
     p = sub.add_parser("report", help="write the Markdown/HTML report of evaluated runs")
     p.add_argument("path", help="a run folder or a sweep folder")
     p.add_argument("--out", help="report folder (default: PATH/report)")
     p.set_defaults(func=_cmd_report)
 
+
+def _add_run(sub) -> None:
     p = sub.add_parser("run", help="the main job: train, evaluate, report")
     p.add_argument("config", nargs="?", help="YAML run config (default: the CPU quickstart)")
     p.add_argument("--out", default="runs/main", help="output folder")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. workers=4")
     p.set_defaults(func=_cmd_run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="mecheval", description="Mechanistic evaluation of sequence models.")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of any error, not one line"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_train, _add_sweep, _add_data, _add_evaluate, _add_report, _add_run):
+        add(sub)
     return parser
 
 

@@ -296,5 +296,18 @@ def load_config(
     return from_dict(cls, data)
 
 
+def flatten(data: Mapping, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as one level of dotted keys ({"optim": {"lr": 1}} -> {"optim.lr": 1});
+    an empty mapping stays a value."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, path))
+        else:
+            out[path] = value
+    return out
+
+
 def dump_yaml(config: Any) -> str:
     return yaml.safe_dump(to_dict(config), sort_keys=False)

@@ -94,9 +94,9 @@ def read_parquet(path: str | Path, fix: str = ""):
 
 
 def remove_temporaries(folder: str | Path) -> list[Path]:
-    """Delete the temporaries (files or folders named `.tmp-*`, and the `.*.tmp` files of
-    earlier versions) that a killed writer left directly in `folder`; returns them. Call it only
-    while no other process writes there (e.g. under the folder's `exclusive_lock`)."""
+    """Delete the temporaries (files or folders named `.tmp-*`, and `.*.tmp` files) that a
+    killed writer left directly in `folder`; returns them. Call it only while no other process
+    writes there (e.g. under the folder's `exclusive_lock`)."""
     folder = Path(folder)
     if not folder.is_dir():
         return []

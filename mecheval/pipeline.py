@@ -1,15 +1,15 @@
 """The main job: train a grid of models, evaluate their mechanisms, write the report.
 
-    mecheval run [CONFIG] [--out DIR]
+    mecheval run [CONFIG] [--out DIR] [key=value ...]
 
-Without a config it runs the CPU quickstart: attention, Based, Mamba, Mamba without its short
-conv and DeltaNet (two seeds each; and, beyond the study, Gated DeltaNet and Mamba-2), H3 and
-Hyena on a small associative-recall task (4 pairs
-over 16 keys), and attention, Based and Mamba without its short conv on a small associative-
-treecall task ((5, 20) grammars), which a 2-core machine trains, evaluates and reports in
-about a quarter of an hour. Its report's Findings table says which of the study's five
-findings show at this scale.
-A config file (see configs/) replaces the sweep, e.g. with the study's full grids on a GPU.
+Without a config it runs configs/quickstart.yaml, the CPU quickstart: attention, Based, Mamba,
+Mamba without its short conv and DeltaNet (two seeds each; and, beyond the study, Gated
+DeltaNet and Mamba-2), H3 and Hyena on a small associative-recall task (4 pairs over 16 keys),
+and attention, Based and Mamba without its short conv on a small associative-treecall task
+((5, 20) grammars), which a 2-core machine trains, evaluates and reports in about twelve
+minutes (docs/benchmarks.md). Its report's Findings table says which of the study's five
+findings show at this scale. Another config file (see configs/) runs another sweep, e.g. the
+study's full grids on a GPU.
 """
 
 from __future__ import annotations
@@ -21,51 +21,14 @@ from pathlib import Path
 import pandas as pd
 
 from mecheval.config import load_config
-from mecheval.evaluate_config import EvaluateConfig
-from mecheval.sweep.executor import Executor
+from mecheval.evaluation.config import EvaluateConfig, OptionError, check_options
+from mecheval.evaluation.documents import documents_of
+from mecheval.evaluation.evaluate import evaluate_all
+from mecheval.evaluation.report import build_report, read_report_table
+from mecheval.sweep import Executor, execution_of, expand_sweep, run_sweep
 
-QUICKSTART_SWEEP = {
-    "base": {
-        "task": {"name": "ar", "options": {"num_pairs": 4, "num_keys": 16}, "train_size": 100_032},
-        "model": {"d_model": 64, "options": {"init": "pytorch"}},
-        "steps": 3000,
-        "eval_every": 500,
-        "checkpoint_every": 500,
-        "keep_checkpoints": 6,  # every 500 steps: the read-outs over training
-        "optim": {"lr": 1e-3},
-        "device": "auto",
-    },
-    # Two seeds: when induction forms on this task varies with the seed (attention: by step
-    # 1,500 for one seed, after 3,000 for another); the report keeps the better run. Gated
-    # DeltaNet and Mamba-2 are not in the study: the report shows their mechanisms beside
-    # DeltaNet's and Mamba's.
-    "grid": {
-        "model.arch": [
-            "attention",
-            "based",
-            "mamba",
-            "mamba_noconv",
-            "deltanet",
-            "gated_deltanet",
-            "mamba2",
-        ],
-        "seed": [0, 1],
-    },
-    # One seed each: H3 and Hyena on the same AR task (the study's finding 2), and a small ATR
-    # task, (5, 20) grammars, for attention, Based and Mamba without its conv (finding 5).
-    "include": [
-        {"model": {"arch": "h3"}, "seed": 0},
-        {"model": {"arch": "hyena"}, "seed": 0},
-        *(
-            {
-                "task": {"name": "atr", "options": {"max_rhs_len": 5, "num_terminals": 20}},
-                "model": {"arch": arch},
-                "seed": 0,
-            }
-            for arch in ("attention", "based", "mamba_noconv")
-        ),
-    ],
-}
+# The default main job, configs/quickstart.yaml, shipped inside the package (setup.py).
+QUICKSTART = Path(__file__).with_name("quickstart.yaml")
 
 
 @dataclass
@@ -74,7 +37,7 @@ class RunConfig:
     workers, retries and Ray address; `stack`: runs that differ only in seed and optimiser
     settings train as stacked models), and how to evaluate the trained models."""
 
-    sweep: dict = field(default_factory=lambda: QUICKSTART_SWEEP)
+    sweep: dict
     executor: Executor = "local"
     workers: int = 2
     retries: int = 0
@@ -84,7 +47,9 @@ class RunConfig:
 
 
 def load_run_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
-    return load_config(RunConfig, path, overrides)
+    """The run config in `path` (without one, the CPU quickstart, `QUICKSTART`), with
+    `key=value` overrides (`sweep.base.steps=5`, `workers=4`)."""
+    return load_config(RunConfig, QUICKSTART if path is None else path, overrides)
 
 
 def run_pipeline(config: RunConfig, out: str | Path, progress: bool = True) -> dict:
@@ -94,28 +59,15 @@ def run_pipeline(config: RunConfig, out: str | Path, progress: bool = True) -> d
     Returns:
         {"results": sweep table, "mechanisms": read-out table, "report": report folder}
     """
-    from mecheval.evaluate import evaluate_all
-    from mecheval.report import build_report
-    from mecheval.sweep import expand_sweep, run_sweep
-
     out = Path(out)
     runs = expand_sweep(config.sweep)
     check_evaluation(config.evaluate, [run.config for run in runs])
-    table = run_sweep(
-        runs,
-        out,
-        executor=config.executor,
-        workers=config.workers,
-        retries=config.retries,
-        address=config.address,
-        progress=progress,
-        stack=config.stack,
-    )
+    table = run_sweep(runs, out, progress=progress, **execution_of(config))
     if (table["status"] == "finished").any():
         evaluate_all(out, progress=progress, **asdict(config.evaluate))
     report = build_report(out)
-    evidence = pd.read_parquet(report / "evidence.parquet")
-    findings = pd.read_parquet(report / "findings.parquet")
+    evidence = read_report_table(report, "evidence")
+    findings = read_report_table(report, "findings")
     return {"results": table, "mechanisms": evidence, "findings": findings, "report": report}
 
 
@@ -126,9 +78,6 @@ def check_evaluation(options: EvaluateConfig, configs: Sequence) -> None:
     Raises:
         ConfigError: naming the option (`evaluate.<name>`), the bad value and what is allowed.
     """
-    from mecheval.evaluate import documents_of
-    from mecheval.evaluate_config import OptionError, check_options
-
     try:
         documents_of(configs, check_options(options))
     except OptionError as error:

@@ -4,10 +4,11 @@ and attribution patching for screening large grids."""
 from mecheval.interventions.attribution import attribution_patching, screening_correlation
 from mecheval.interventions.bootstrap import attrib_intervals
 from mecheval.interventions.grid import COLUMNS, interchange_grid, select_sites
+from mecheval.interventions.metric import attrib
 from mecheval.interventions.per_cell import per_cell_loop
 from mecheval.interventions.plan import GridPlan, plan_grid
 from mecheval.interventions.positions import NAMED, expand_positions, resolve_position
-from mecheval.interventions.scores import MECHANISM_THRESHOLD, attrib, readout, readout_cells
+from mecheval.interventions.scores import MECHANISM_THRESHOLD, readout, readout_cells
 
 __all__ = [
     "COLUMNS",

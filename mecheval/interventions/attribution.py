@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from mecheval.interventions.grid import COLUMNS, select_sites
+from mecheval.interventions.metric import attrib
 from mecheval.interventions.positions import expand_positions, resolve_position
-from mecheval.interventions.scores import attrib
 from mecheval.tasks import Batch
 
 

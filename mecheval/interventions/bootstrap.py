@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from mecheval.interventions.scores import CELL, attrib, model_keys
+from mecheval.interventions.metric import CELL, attrib, model_keys
 
 
 def resample_weights(

@@ -1,10 +1,5 @@
-"""From an interchange grid to the study's scores (docs/study.md, "The metric").
-
-    Attrib = (E[p_restored] - E[p_corrupted]) / (E[p_original] - E[p_corrupted])
-
-per (layer, site, position) cell, the expectations over a set of documents; a model whose
-corruption effect E[p_original] - E[p_corrupted] is at most `min_effect` (0.01) has nothing
-to attribute and is dropped.
+"""From an interchange grid to the study's read-outs, on its Attrib score
+(mecheval.interventions.metric).
 
 Read-outs of a 2-layer model (key corrupted, layer 1's block input restored):
     induction     high Attrib at `value`   the key was copied into the value's position
@@ -17,41 +12,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mecheval.interventions.grid import COLUMNS
+from mecheval.interventions.bootstrap import attrib_intervals
+from mecheval.interventions.metric import attrib, model_keys
 
-CELL = ("layer", "site", "position")
 MECHANISMS = {"induction": "value", "direct_early": "query", "direct_late": "key"}
 # mecheval's own labelling rule (the study reports Attrib values only): a model is named after
 # its highest read-out when that reaches this Attrib, else "unclear".
 MECHANISM_THRESHOLD = 0.5
-
-
-def model_keys(frame: pd.DataFrame) -> list[str]:
-    """The columns that identify a model or condition (run, arch, corruption, ...): everything
-    an interchange grid does not produce itself."""
-    own = set(COLUMNS) | {"attrib", "effect", "n"}
-    return [c for c in frame.columns if c not in own]
-
-
-def attrib(df: pd.DataFrame, min_effect: float = 0.01) -> pd.DataFrame:
-    """Attrib per (model keys..., layer, site, position) from an interchange-grid table.
-
-    Returns columns: the model keys, layer, site, position, p_original, p_corrupted,
-    p_restored, kl (means over documents), n (documents), effect, attrib. Models whose effect
-    is <= min_effect are dropped.
-    """
-    keys = model_keys(df)
-    grouped = df.groupby([*keys, *CELL], sort=False, dropna=False)
-    table = grouped.agg(
-        p_original=("p_original", "mean"),
-        p_corrupted=("p_corrupted", "mean"),
-        p_restored=("p_restored", "mean"),
-        kl=("kl", "mean"),
-        n=("example", "nunique"),
-    ).reset_index()
-    table["effect"] = table["p_original"] - table["p_corrupted"]
-    table["attrib"] = (table["p_restored"] - table["p_corrupted"]) / table["effect"]
-    return table[table["effect"] > min_effect].reset_index(drop=True)
 
 
 def _lookup(
@@ -92,8 +59,6 @@ def readout(
         reps: bootstrap replicates.
     """
     if intervals:
-        from mecheval.interventions.bootstrap import attrib_intervals
-
         scores = attrib_intervals(df, reps=reps, cluster=cluster, min_effect=min_effect)
         df = df.drop(columns=[cluster]) if cluster else df
     else:

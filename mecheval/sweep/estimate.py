@@ -5,6 +5,8 @@ from __future__ import annotations
 from tqdm.auto import tqdm
 
 from mecheval.sweep.grid import Run
+from mecheval.sweep.runner import STACK_MEMORY, stacks
+from mecheval.train import timing
 from mecheval.train.config import TrainConfig
 
 
@@ -36,9 +38,6 @@ def estimate_sweep(
     timed as one stack and each run is charged its share. `progress` shows a bar over the
     measurements.
     """
-    from mecheval.sweep.runner import STACK_MEMORY, stacks
-    from mecheval.train import timing
-
     groups = stacks(runs, STACK_MEMORY) if stack else [[run] for run in runs]
     distinct: dict[tuple, list[TrainConfig]] = {}
     for group in groups:

@@ -4,7 +4,17 @@ Ray instance, or a cluster at `address`). Not to be confused with the kernel bac
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 Executor = Literal["local", "ray"]
 EXECUTORS: tuple[str, ...] = get_args(Executor)
+
+# How a sweep's runs execute: the options of `run_sweep` that the main job's run config
+# (mecheval.pipeline.RunConfig) and the flags of `mecheval sweep` both carry.
+EXECUTION = ("executor", "workers", "retries", "address", "stack")
+
+
+def execution_of(options: object) -> dict[str, Any]:
+    """The execution options (`EXECUTION`) that `options` holds as attributes, as `run_sweep`'s
+    keyword arguments."""
+    return {name: getattr(options, name) for name in EXECUTION}

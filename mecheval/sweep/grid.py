@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from mecheval.config import ConfigError, from_dict, merge, parse_overrides, to_dict
+from mecheval.config import ConfigError, from_dict, merge, parse_overrides, set_dotted, to_dict
 from mecheval.train.config import ALIASES, TrainConfig, identity
 
 
@@ -38,17 +38,6 @@ from mecheval.train.config import ALIASES, TrainConfig, identity
 class Run:
     name: str
     config: TrainConfig
-
-
-def _dotted(key: str, value: Any) -> dict:
-    key = ALIASES.get(key, key)
-    node: dict = {}
-    cursor = node
-    *parents, leaf = key.split(".")
-    for part in parents:
-        cursor = cursor.setdefault(part, {})
-    cursor[leaf] = value
-    return node
 
 
 def run_name(config: TrainConfig) -> str:
@@ -88,7 +77,7 @@ def expand_sweep(spec: dict, overrides: list[str] | tuple[str, ...] = ()) -> lis
     for combination in itertools.product(*(grid[k] for k in keys)):
         run = dict(base)
         for key, value in zip(keys, combination, strict=True):
-            run = merge(run, _dotted(key, value))
+            run = merge(run, set_dotted({}, ALIASES.get(key, key), value))
         partials.append(run)
     for extra in spec.get("include") or []:
         partials.append(_include(base, extra))

@@ -7,8 +7,8 @@ Rerunning the sweep skips finished runs and resumes unfinished ones from their c
 A failing run is recorded (status "failed", with its error) without stopping the others;
 `retries` reruns it that many more times.
 
-With `stack=True`, runs that differ only in seed and optimiser settings (mecheval.train.
-stacked_loop.stack_key) train together as stacked models, up to `stack_memory` bytes of
+With `stack=True`, runs that differ only in seed and optimiser settings (mecheval.train.loop.
+stack_key) train together as stacked models, up to `stack_memory` bytes of
 estimated training memory per stack; each still gets its own folder, result row and error.
 """
 
@@ -22,17 +22,19 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch
 
-from mecheval.config import ConfigError, from_dict, to_dict
-from mecheval.io import DamagedFileError, atomic_write_json, atomic_write_parquet
+from mecheval.config import ConfigError, flatten, from_dict, to_dict
+from mecheval.io import DamagedFileError, atomic_write_parquet
+from mecheval.run_folder import files
+from mecheval.run_folder.files import RESULT, read_result
 from mecheval.sweep.executor import EXECUTORS, Executor
 from mecheval.sweep.grid import Run
 from mecheval.train.config import TrainConfig, identity
-from mecheval.train.loop import RESULT, read_result, train
+from mecheval.train.loop import stack_key, train, train_stacked, training_bytes
 
 RESULTS = "results.parquet"
 STACK_MEMORY = 4 << 30  # bytes of estimated training memory per stack
-ERROR = "error.json"
 
 
 def _outcome(run_path: Path, result: dict | BaseException) -> dict[str, Any]:
@@ -42,16 +44,14 @@ def _outcome(run_path: Path, result: dict | BaseException) -> dict[str, Any]:
             "error": f"{type(result).__name__}: {result}",
             "traceback": "".join(traceback.format_exception(result)),
         }
-        atomic_write_json(run_path / ERROR, record)
+        files.write_error(run_path, record)
         return record
-    (run_path / ERROR).unlink(missing_ok=True)
+    files.clear_error(run_path)
     return {"status": "finished", **result}
 
 
 def run_one(config_dict: dict, run_dir: str, threads: int | None = None) -> dict[str, Any]:
     """Train one run (in a worker); returns its result, or its error, never raises."""
-    import torch
-
     if threads:
         torch.set_num_threads(threads)
     config = from_dict(TrainConfig, config_dict)
@@ -68,10 +68,6 @@ def run_stack(
     """Train runs as one stack (in a worker); returns each run's result or error, never
     raises. When the stack as a whole fails (a run's folder holds another config, a file is
     damaged), each run is trained alone instead, so that one bad folder fails only its run."""
-    import torch
-
-    from mecheval.train.stacked_loop import train_stacked
-
     if len(config_dicts) == 1:
         return [run_one(config_dicts[0], run_dirs[0], threads)]
     if threads:
@@ -88,8 +84,6 @@ def run_stack(
 def stacks(runs: list[Run], memory: int) -> list[list[Run]]:
     """`runs` in groups that train as one stack: same `stack_key`, in the runs' order, each
     group within `memory` bytes of estimated training memory (at least one run)."""
-    from mecheval.train.stacked_loop import stack_key, training_bytes
-
     groups: dict[str, list[list[Run]]] = {}
     for run in runs:
         chunks = groups.setdefault(stack_key(run.config), [[]])
@@ -99,18 +93,11 @@ def stacks(runs: list[Run], memory: int) -> list[list[Run]]:
     return [chunk for chunks in groups.values() for chunk in chunks]
 
 
-def _flatten(prefix: str, value: Any, out: dict) -> None:
-    if isinstance(value, dict) and value:
-        for k, v in value.items():
-            _flatten(f"{prefix}.{k}" if prefix else k, v, out)
-    else:
-        out[prefix] = json.dumps(value) if isinstance(value, (list, dict)) else value
-
-
 def result_row(run: Run, run_dir: Path) -> dict[str, Any]:
     """The table row of one run, read from its folder (pending, finished or failed)."""
     row: dict[str, Any] = {"run": run.name}
-    _flatten("", identity(run.config), row)
+    for key, value in flatten(identity(run.config)).items():
+        row[key] = json.dumps(value) if isinstance(value, (list, dict)) else value
     if (run_dir / RESULT).exists():
         try:
             result = read_result(run_dir)
@@ -128,11 +115,11 @@ def result_row(run: Run, run_dir: Path) -> dict[str, Any]:
             checkpoint=result["checkpoint"],
             error=None,
         )
-    elif (run_dir / ERROR).exists():
+    elif (run_dir / files.ERROR).exists():
         try:
-            error = json.loads((run_dir / ERROR).read_bytes().decode("utf-8"))["error"]
-        except (ValueError, KeyError, TypeError) as reason:
-            error = f"{run_dir / ERROR}: unreadable ({type(reason).__name__}: {reason})"
+            error = files.read_error(run_dir)
+        except DamagedFileError as unreadable:
+            error = str(unreadable)
         row.update(status="failed", error=error)
     else:
         row.update(status="pending", error=None)

@@ -156,6 +156,10 @@ def identity(config: TrainConfig) -> dict:
     return fields
 
 
+# The functions below import torch, the models and the tasks when called: loading and checking
+# a config (the command line, sweep files) imports none of them.
+
+
 def resolve_device(name: str):
     """The torch device a config's `device` names; ConfigError if it is not one, or absent."""
     import torch
@@ -182,16 +186,37 @@ def resolve_device(name: str):
     return device
 
 
+def build_task(config: TrainConfig):
+    """The config's task (its options checked by `make_task`)."""
+    from mecheval.tasks import make_task
+
+    return make_task(config.task.name, **config.task.options)
+
+
+def build_model_for(config: TrainConfig, task):
+    """The config's model (an nn.Module), sized for the task's vocabulary and longest
+    document."""
+    from mecheval.models import build_model
+
+    return build_model(
+        config.model.arch,
+        vocab_size=task.vocab_size,
+        d_model=config.model.d_model,
+        n_layers=config.model.n_layers,
+        max_len=task.max_document_length,
+        **config.model.options,
+    )
+
+
 def validate_config(config: TrainConfig):
     """Check what `train` will need, before it writes anything: the device, the task and its
     options, the architecture and its options; returns the task. Raises ConfigError naming the
     section."""
     from mecheval.models import model_config
-    from mecheval.tasks import make_task
 
     resolve_device(config.device)
     try:
-        task = make_task(config.task.name, **config.task.options)
+        task = build_task(config)
     except (TypeError, ValueError) as error:
         raise ConfigError(f"task: {error}") from None
     m = config.model

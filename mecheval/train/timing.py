@@ -1,6 +1,7 @@
 """Step times, for estimating a sweep's wall time: a training step of one run
 (`measure_step_time`) or of runs trained as one stack (`measure_stacked_step_time`), each
-timed on a few freshly sampled batches of its task."""
+timed on a few freshly sampled batches of its task, with the step the training loop runs
+(mecheval.train.steps)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,8 @@ from collections.abc import Callable
 import torch
 
 import kernels
-from mecheval.train import loop
 from mecheval.train.config import TrainConfig, resolve_device, validate_config
-from mecheval.train.stacked import StackedAdamW, StackedModels
-from mecheval.train.stacked_loop import _Loop
+from mecheval.train.steps import fresh_model, make_step
 
 
 def time_steps(
@@ -34,44 +33,31 @@ def time_steps(
     return (time.perf_counter() - started) / steps
 
 
-def measure_step_time(config: TrainConfig, steps: int = 5, warmup: int = 2) -> float:
-    """Seconds per training step (forward, backward, AdamW) of `config`'s model on its device,
-    timed on a few freshly sampled batches; used to estimate a sweep's wall time."""
-    device = resolve_device(config.device)
-    task = loop.build_task(config)
-    with kernels.use_backend(config.backend):
-        model, optimizer = loop.fresh_model(config, task, device)
-        step_fn = torch.compile(model) if config.compile else model
-        return time_steps(
-            config,
-            task,
-            device,
-            lambda batch: loop.train_step(step_fn, optimizer, batch, config, device),
-            steps,
-            warmup,
-        )
-
-
-def measure_stacked_step_time(configs: list[TrainConfig], steps: int = 3, warmup: int = 1) -> float:
-    """Seconds per step of the runs trained as one stack (all M models, forward, backward,
-    StackedAdamW), on their device, timed on a few sampled batches; for sweep estimates."""
+def _measure(configs: list[TrainConfig], steps: int, warmup: int) -> float:
+    """Seconds per training step of the runs of `configs` (one model, or a stack), on their
+    device, at their peak learning rates."""
     config = configs[0]
     device = resolve_device(config.device)
     task = validate_config(config)
     with kernels.use_backend(config.backend):
-        models = []
+        models, optimizers = [], []
         for c in configs:
             torch.manual_seed(c.seed)
-            models.append(loop.fresh_model(c, task, device)[0])
-        stack = StackedModels(models)
-        optimizer = StackedAdamW(
-            stack.params,
-            tuple(config.optim.betas),
-            config.optim.eps,
-            [c.optim.weight_decay for c in configs],
-        )
-        stacked = _Loop(config, [], stack, optimizer, None, device, 0, 0.0)
+            model, optimizer = fresh_model(c, task, device)
+            models.append(model)
+            optimizers.append(optimizer)
+        step = make_step(models, optimizers, configs, device)
         lrs = [c.optim.lr for c in configs]
-        return time_steps(
-            config, task, device, lambda batch: stacked.train_step(batch, lrs), steps, warmup
-        )
+        return time_steps(config, task, device, lambda batch: step(batch, lrs), steps, warmup)
+
+
+def measure_step_time(config: TrainConfig, steps: int = 5, warmup: int = 2) -> float:
+    """Seconds per training step (forward, backward, AdamW) of `config`'s model on its device,
+    timed on a few freshly sampled batches; used to estimate a sweep's wall time."""
+    return _measure([config], steps, warmup)
+
+
+def measure_stacked_step_time(configs: list[TrainConfig], steps: int = 3, warmup: int = 1) -> float:
+    """Seconds per step of the runs trained as one stack (all K models, forward, backward,
+    StackedAdamW), on their device, timed on a few sampled batches; for sweep estimates."""
+    return _measure(configs, steps, warmup)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from mecheval.train import load_train_config, train
+from mecheval.train.config import load_train_config
+from mecheval.train.loop import train
 
 OVERRIDES = [
     "task.options.num_pairs=4",

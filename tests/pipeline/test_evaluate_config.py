@@ -10,8 +10,8 @@ import pytest
 
 from mecheval.cli import build_parser, main
 from mecheval.config import ConfigError
-from mecheval.evaluate import evaluate_run
-from mecheval.evaluate_config import DEFAULTS, EvaluateConfig
+from mecheval.evaluation.config import DEFAULTS, EvaluateConfig
+from mecheval.evaluation.evaluate import evaluate_run
 from mecheval.pipeline import load_run_config
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mecheval.findings import (
+from mecheval.evaluation.findings import (
     FINDINGS,
     NOT_AT_SCALE,
     NOT_REPRODUCED,
@@ -13,7 +13,7 @@ from mecheval.findings import (
     REPRODUCED,
     findings_table,
 )
-from mecheval.study_numbers import at_study_scale
+from mecheval.evaluation.study_numbers import at_study_scale
 
 
 def model(task, arch, acc, mechanism=None, d_model=64, **readouts):

@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mecheval.evaluate import EXAMPLES, evaluate_run
+from mecheval.evaluation.evaluate import EXAMPLES, evaluate_run
+from mecheval.evaluation.over_training import _conv_readouts, evaluate_over_training
 from mecheval.interventions import attrib, readout
-from mecheval.over_training import _conv_readouts, evaluate_over_training
 
 IDENTITY = ["run", "arch", "d_model", "n_layers", "lr", "task", "accuracy", "corruption"]
 
@@ -79,8 +79,8 @@ def test_documents_record_distance_and_correctness(trained):
 
 
 def test_report_has_findings_over_training_and_distance(trained):
-    from mecheval.evaluate import evaluate_all
-    from mecheval.report import build_report
+    from mecheval.evaluation.evaluate import evaluate_all
+    from mecheval.evaluation.report import build_report
 
     run, _ = trained
     evaluate_all(run, progress=False)

@@ -8,8 +8,8 @@ import json
 import pandas as pd
 import pytest
 
-from mecheval.report import with_study_accuracy
-from mecheval.study_numbers import study_accuracy
+from mecheval.evaluation.report import with_study_accuracy
+from mecheval.evaluation.study_numbers import study_accuracy
 
 
 @pytest.mark.parametrize(

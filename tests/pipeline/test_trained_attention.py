@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mecheval.evaluate import evaluate_run
+from mecheval.evaluation.evaluate import evaluate_run
+from mecheval.evaluation.report import build_report
 from mecheval.interventions import interchange_grid, per_cell_loop, readout
-from mecheval.report import build_report
-from mecheval.train import load_trained_model
+from mecheval.run_folder.weights import load_trained_model
 
 
 def test_attention_learns_associative_recall(trained):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mecheval.train import TrainConfig, load_train_config
+from mecheval.train.config import TrainConfig, load_train_config
 
 TINY = [
     "task.options.num_pairs=4",

@@ -12,14 +12,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mecheval.train import load_trained_model, train
-from mecheval.train.checkpoint import (
+from mecheval.run_folder.checkpoints import (
     CheckpointError,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
-from mecheval.train.loop import run_checkpoint
+from mecheval.run_folder.weights import load_trained_model, run_checkpoint
+from mecheval.train.loop import train
 from tests.reliability.helpers import checkpoint_steps, tiny
 
 NEWEST, OLDER = "step_000000008", "step_000000006"

@@ -12,10 +12,10 @@ import pytest
 
 from mecheval import cli
 from mecheval.config import ConfigError
+from mecheval.evaluation.report import build_report
 from mecheval.io import atomic_write_text
-from mecheval.report import build_report
 from mecheval.sweep import expand_sweep, run_sweep
-from mecheval.train import train
+from mecheval.train.loop import train
 from tests.reliability.helpers import tiny
 
 

@@ -9,7 +9,7 @@ import pytest
 from mecheval import cli
 from mecheval.config import ConfigError
 from mecheval.io import exclusive_lock
-from mecheval.train import train
+from mecheval.train.loop import train
 from tests.reliability.helpers import TINY, cli_line, tiny
 
 
@@ -76,7 +76,7 @@ def test_a_bug_is_one_line_and_its_traceback_only_with_debug(tmp_path, capsys, m
     def broken(path, out=None):
         raise TypeError("an unexpected argument")
 
-    monkeypatch.setattr("mecheval.report.build_report", broken)
+    monkeypatch.setattr("mecheval.evaluation.report.build_report", broken)
     code, line = cli_line(["report", str(tmp_path)], capsys)
     assert code == 3
     assert line == (

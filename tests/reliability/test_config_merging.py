@@ -7,14 +7,16 @@ import pytest
 import yaml
 
 from mecheval import cli
-from mecheval.config import ConfigError
-from mecheval.pipeline import QUICKSTART_SWEEP, load_run_config
-from mecheval.train import load_train_config, train
-from mecheval.train.loop import read_run_config
+from mecheval.config import ConfigError, read_yaml
+from mecheval.pipeline import QUICKSTART, load_run_config
+from mecheval.run_folder.files import read_run_config
+from mecheval.train.config import load_train_config
+from mecheval.train.loop import train
 from tests.reliability.helpers import tiny
 
 
 def test_dotted_override_of_the_default_sweep_keeps_its_grid_and_base():
+    QUICKSTART_SWEEP = read_yaml(QUICKSTART)["sweep"]  # the default sweep, as the file writes it
     config = load_run_config(None, ["sweep.base.steps=5"])
     assert config.sweep["grid"] == QUICKSTART_SWEEP["grid"]
     expected_base = {**QUICKSTART_SWEEP["base"], "steps": 5}

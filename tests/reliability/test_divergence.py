@@ -10,8 +10,7 @@ import pytest
 import torch.nn.functional as F
 
 from mecheval.config import ConfigError
-from mecheval.train import train
-from mecheval.train.loop import TrainingDiverged
+from mecheval.train.loop import TrainingDiverged, train
 from tests.reliability.helpers import checkpoint_steps, tiny
 
 
@@ -29,7 +28,7 @@ def _nan_loss(monkeypatch, steps, poison_weights=True):
                 return loss * math.nan if poison_weights else loss + (loss.detach() * math.nan)
         return loss
 
-    monkeypatch.setattr("mecheval.train.loop.F.cross_entropy", cross_entropy)
+    monkeypatch.setattr("mecheval.train.steps.F.cross_entropy", cross_entropy)
 
 
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):

@@ -11,9 +11,9 @@ import shutil
 import pandas as pd
 import pytest
 
-from mecheval.evaluate import evaluate_run
-from mecheval.train import train
-from mecheval.train.checkpoint import CheckpointError
+from mecheval.evaluation.evaluate import evaluate_run
+from mecheval.run_folder.checkpoints import CheckpointError
+from mecheval.train.loop import train
 from tests.reliability.helpers import cli_line, tiny
 
 FINAL, OLDER = "step_000000008", "step_000000006"

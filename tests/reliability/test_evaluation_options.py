@@ -10,10 +10,10 @@ import json
 import numpy as np
 import pytest
 
-from mecheval.evaluate import evaluate_run
-from mecheval.evaluate_config import OptionError
+from mecheval.evaluation.config import OptionError
+from mecheval.evaluation.evaluate import evaluate_run
 from mecheval.tasks import make_task
-from mecheval.train import train
+from mecheval.train.loop import train
 from tests.reliability.helpers import cli_line, tiny
 
 # The tiny task: 4 pairs over 16 keys, documents of 13 tokens, values at 2, 4, 6 or 8.

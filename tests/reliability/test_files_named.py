@@ -11,8 +11,9 @@ import pytest
 
 from mecheval import cli
 from mecheval.io import DamagedFileError
+from mecheval.run_folder.weights import load_trained_model
 from mecheval.sweep import expand_sweep, run_sweep
-from mecheval.train import load_trained_model, train
+from mecheval.train.loop import train
 from tests.reliability.helpers import TINY, tiny
 
 CONFIG_DAMAGE = {

@@ -12,10 +12,10 @@ import pandas as pd
 import torch.nn.functional as F
 
 from mecheval.config import to_dict
-from mecheval.evaluate import evaluate_run
-from mecheval.report import build_report
+from mecheval.evaluation.evaluate import evaluate_run
+from mecheval.evaluation.report import build_report
 from mecheval.sweep.runner import run_one
-from mecheval.train import train
+from mecheval.train.loop import train
 from tests.reliability.helpers import cli_line, tiny
 
 
@@ -31,7 +31,7 @@ def _nan_loss_from(monkeypatch, first: int) -> None:
                 return loss + loss.detach() * math.nan
         return loss
 
-    monkeypatch.setattr("mecheval.train.loop.F.cross_entropy", cross_entropy)
+    monkeypatch.setattr("mecheval.train.steps.F.cross_entropy", cross_entropy)
 
 
 def _run_folders(tmp_path, monkeypatch):

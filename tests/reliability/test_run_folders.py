@@ -11,8 +11,8 @@ import pytest
 from mecheval import cli
 from mecheval.config import ConfigError
 from mecheval.sweep import run_name
-from mecheval.train import train
 from mecheval.train.config import identity
+from mecheval.train.loop import train
 from tests.reliability.helpers import TINY, tiny
 
 

@@ -7,7 +7,7 @@ import torch
 
 from mecheval.io import atomic_write_text
 from mecheval.models import ARCHITECTURES, build_model
-from mecheval.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from mecheval.run_folder.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 
 
 def _model_and_optimizer(seed: int):

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mecheval.config import ConfigError, parse_value
-from mecheval.train import TrainConfig, load_train_config
-from mecheval.train.config import identity
+from mecheval.train.config import TrainConfig, identity, load_train_config
 
 
 def test_defaults_are_the_study_recipe():

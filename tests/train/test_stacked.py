@@ -17,11 +17,12 @@ from safetensors.torch import load_file
 import tests.reliability.helpers as reliability
 from mecheval.config import ConfigError
 from mecheval.models import ARCHITECTURES, build_model
+from mecheval.run_folder.files import RESULT, read_result
 from mecheval.tasks import make_task
-from mecheval.train import load_train_config, stacked_loop, train
-from mecheval.train.loop import RESULT, read_result
+from mecheval.train import loop
+from mecheval.train.config import load_train_config
+from mecheval.train.loop import stack_key, train, train_stacked
 from mecheval.train.stacked import StackedAdamW, StackedModels
-from mecheval.train.stacked_loop import stack_key, train_stacked
 
 # Learning rates at which these tiny models train smoothly: at 3e-3 DeltaNet's training itself
 # turns a 1e-7 change of its initial weights into a 3e-3 change after 100 steps, and no
@@ -153,14 +154,14 @@ def test_a_stack_writes_what_single_runs_write_and_equals_them(tmp_path):
 
 def _killed_at(monkeypatch, step_to_die: int):
     """Make the stack's loop die (as a kill would) when it reaches `step_to_die`."""
-    original = stacked_loop._Loop._step
+    original = loop._Loop._step
 
     def step(self, batch, lrs, step):
         if step == step_to_die:
             raise KeyboardInterrupt("killed")
         return original(self, batch, lrs, step)
 
-    monkeypatch.setattr(stacked_loop._Loop, "_step", step)
+    monkeypatch.setattr(loop._Loop, "_step", step)
 
 
 @pytest.mark.parametrize("lost", ["nothing", "one run's checkpoint"])

@@ -211,7 +211,7 @@ def test_an_unknown_executor_is_refused_by_name(tmp_path):
 
 def test_runs_that_stack_are_grouped_within_the_memory_budget():
     from mecheval.sweep.runner import stacks
-    from mecheval.train.stacked_loop import training_bytes
+    from mecheval.train.loop import training_bytes
 
     runs = expand_sweep(_spec({"arch": ["attention", "mamba"], "seed": [1, 2], "lr": [1e-3, 3e-3]}))
     groups = stacks(runs, memory=1 << 40)

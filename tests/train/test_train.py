@@ -17,8 +17,9 @@ from safetensors.torch import load_file
 
 from mecheval.config import ConfigError
 from mecheval.models import build_model
-from mecheval.train import load_train_config, train
-from mecheval.train.loop import answer_logits
+from mecheval.train.config import load_train_config
+from mecheval.train.loop import train
+from mecheval.train.steps import answer_logits
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [
@@ -70,7 +71,8 @@ def test_resume_after_sigkill_is_bitwise_identical(tmp_path):
     script = (
         # Same thread count as this process: float sums are bitwise reproducible only then.
         f"import torch; torch.set_num_threads({torch.get_num_threads()}); "
-        "from mecheval.train import load_train_config, train; "
+        "from mecheval.train.config import load_train_config; "
+        "from mecheval.train.loop import train; "
         f"train(load_train_config(None, {overrides!r}), {str(killed)!r})"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -150,7 +152,7 @@ def test_training_restores_the_kernel_backend(tmp_path):
 
 def test_accuracy_keeps_the_models_mode():
     from mecheval.tasks import make_task
-    from mecheval.train.loop import accuracy
+    from mecheval.train.steps import accuracy
 
     config = load_train_config(None, TINY)
     task = make_task("ar", num_pairs=4, num_keys=16)
@@ -164,16 +166,16 @@ def test_accuracy_keeps_the_models_mode():
 
 def test_step_time_is_measured_with_the_runs_optimizer(monkeypatch):
     """measure_step_time times the training step itself, with the run's AdamW settings."""
-    from mecheval.train import loop, timing
+    from mecheval.train import steps, timing
 
     seen = []
-    real = loop.train_step
+    real = steps.ModelStep.__call__
 
-    def spy(model_fn, optimizer, *args, **kwargs):
-        seen.append(optimizer.param_groups[0])
-        return real(model_fn, optimizer, *args, **kwargs)
+    def spy(step, *args, **kwargs):
+        seen.append(step.optimizer.param_groups[0])
+        return real(step, *args, **kwargs)
 
-    monkeypatch.setattr(loop, "train_step", spy)
+    monkeypatch.setattr(steps.ModelStep, "__call__", spy)
     config = load_train_config(None, [*TINY, "optim.weight_decay=0.5", "optim.eps=1e-6"])
     assert timing.measure_step_time(config, steps=1, warmup=0) > 0
     group = seen[0]

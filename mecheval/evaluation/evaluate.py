@@ -4,7 +4,7 @@ Parquet next to its checkpoint.
     evaluate_run(run_dir)    one run  -> run_dir/interventions.parquet, run_dir/examples.parquet
     evaluate_all(path)       a run folder, or a folder of runs (a sweep): every finished run;
                              also the read-outs of every kept checkpoint
-                             (mecheval.over_training)
+                             (mecheval.evaluation.over_training)
 
 For each run: its evaluation documents (the dev split, `task.eval_size` of them), corrupted at
 the key and, separately, at the value; every layer and site of the model at the named
@@ -16,13 +16,12 @@ value corruption draw key ids by default, as the study does; `corruption_options
 the checkpoint step whose weights were patched (`step`).
 
 Nothing is dropped or substituted silently:
-- every option is checked before any work starts, for every run (mecheval.evaluate_config,
-  and `evaluation_documents` against each run's task), and an error names the option, the bad
-  value and what is allowed;
-- a position that lies outside some documents (a shift past the end of a short document, an
-  index past it) is patched in the documents it lies inside only; how many documents each such
-  position skipped is recorded (`interventions.json`, and `evaluation_summary`); a position
-  inside no document is an error;
+- every option is checked before any work starts, for every run (mecheval.evaluation.config,
+  and mecheval.evaluation.documents against each run's task), and an error names the option,
+  the bad value and what is allowed;
+- a position that lies outside some documents is patched in the documents it lies inside
+  only; how many documents each such position skipped is recorded (`interventions.json`, and
+  `evaluation_summary`); a position inside no document is an error;
 - the weights are those of the checkpoint the run's result.json names, checked against its
   step and checksum; when it is missing or damaged, evaluation stops and says so, unless
   another step is asked for (`step=N`, or `step="latest"`: the newest intact one).
@@ -35,114 +34,34 @@ killed evaluation resumes.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
-import torch
 from tqdm.auto import tqdm
 
-from mecheval.evaluate_config import (
+from mecheval.evaluation.config import (
     CORRUPTIONS,
     DEFAULTS,
     POSITIONS,
     EvaluateConfig,
-    OptionError,
     check_options,
 )
-from mecheval.interventions import interchange_grid
-from mecheval.interventions.positions import expand_positions, inside_documents, parse_position
-from mecheval.io import DamagedFileError, atomic_write_json, atomic_write_parquet, read_parquet
-from mecheval.tasks import Batch, Task
-from mecheval.train.checkpoint import read_state
-from mecheval.train.config import TrainConfig
-from mecheval.train.loop import (
-    RESULT,
-    build_task,
-    load_trained_model,
-    read_run_config,
-    run_checkpoint,
+from mecheval.evaluation.documents import (
+    EvaluationDocuments,
+    document_records,
+    documents_key,
+    documents_of,
 )
-
-INTERVENTIONS = "interventions.parquet"
-EXAMPLES = "examples.parquet"
-STAMP = "interventions.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class EvaluationDocuments:
-    """A task's evaluation documents, corrupted, and where the asked positions lie in them.
-
-    Attributes:
-        task: the task (with the evaluation's corruption options).
-        batch: the documents (on CPU).
-        corrupted: per corruption ("key", "value"), the corrupted tokens (n, L).
-        groups: the position labels in groups that lie inside the same documents, each with
-            those documents' indices (None: every document).
-        skipped: per position that lies outside some documents, how many it skips.
-    """
-
-    task: Task
-    batch: Batch
-    corrupted: dict[str, torch.Tensor]
-    groups: list[tuple[list[str], torch.Tensor | None]]
-    skipped: dict[str, int]
-
-
-def _outside_everywhere(label: str, batch: Batch, where: str) -> str:
-    """Why position `label` is refused: it lies inside no document (`where` names them)."""
-    parsed = parse_position(label)
-    if isinstance(parsed, int):
-        longest = int(batch.lengths.max())
-        return f"{label} lies past the end of every {where} (the longest has {longest} tokens)"
-    name, _ = parsed
-    at = batch.positions[name]
-    low, high = -int(at.max()), int((batch.lengths - 1 - at).max())
-    return (
-        f"{label!r} lies outside every {where} ({name}+k lies inside some of them for k "
-        f"from {low} to +{high})"
-    )
-
-
-def evaluation_documents(
-    task, eval_size: int, options: EvaluateConfig, corruption_options: Mapping | None = None
-) -> EvaluationDocuments:
-    """The documents `options` evaluates a run of `task` on (its `eval_size` documents of the
-    split), corrupted, with every position and corruption checked against them.
-
-    Raises:
-        OptionError: a position lies inside none of the documents; a corruption cannot be
-            drawn for this task (e.g. a one-key task has no other key).
-    """
-    task = _with_corruption_options(task, corruption_options or {})
-    batch = task.dataset(options.split, size=eval_size)
-    where = f"{options.split} document of {task.label()}"
-    groups: dict[bytes, tuple[list[str], torch.Tensor]] = {}
-    skipped = {}
-    for label in expand_positions(options.positions, batch.width):
-        inside = inside_documents(label, batch)
-        if not inside.any():
-            raise OptionError("positions", _outside_everywhere(label, batch, where))
-        if not inside.all():
-            skipped[label] = int((~inside).sum())
-        groups.setdefault(inside.numpy().tobytes(), ([], inside))[0].append(label)
-    corrupted = {}
-    for at in options.corruptions:
-        try:
-            corrupted[at] = task.corrupt(batch, at=at, seed=options.seed)
-        except ValueError as error:
-            raise OptionError("corruptions", str(error)) from None
-    return EvaluationDocuments(
-        task=task,
-        batch=batch,
-        corrupted=corrupted,
-        groups=[
-            (labels, None if inside.all() else inside.nonzero()[:, 0])
-            for labels, inside in groups.values()
-        ],
-        skipped=skipped,
-    )
+from mecheval.evaluation.over_training import evaluate_over_training
+from mecheval.interventions import interchange_grid
+from mecheval.io import DamagedFileError
+from mecheval.run_folder import files
+from mecheval.run_folder.checkpoints import read_state, weights_sha256
+from mecheval.run_folder.files import EXAMPLES, INTERVENTIONS, INTERVENTIONS_STAMP, RESULT
+from mecheval.run_folder.status import finished_runs
+from mecheval.run_folder.weights import load_trained_model, run_checkpoint
+from mecheval.train.config import TrainConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,39 +75,16 @@ class _RunPlan:
     step: int
 
 
-def _documents_key(config: TrainConfig) -> str:
-    """Runs with equal keys are evaluated on the same documents."""
-    task = config.task
-    return json.dumps([task.name, task.options, task.eval_size], sort_keys=True)
-
-
-def documents_of(
-    configs: Sequence[TrainConfig],
-    options: EvaluateConfig,
-    corruption_options: Mapping | None = None,
-) -> dict[str, EvaluationDocuments]:
-    """The evaluation documents of the runs of `configs`, made and checked once per task
-    (`evaluation_documents`), by `_documents_key`."""
-    documents: dict[str, EvaluationDocuments] = {}
-    for config in configs:
-        key = _documents_key(config)
-        if key not in documents:
-            task = build_task(config)
-            eval_size = config.task.eval_size
-            documents[key] = evaluation_documents(task, eval_size, options, corruption_options)
-    return documents
-
-
 def _plans(
     runs: Sequence[Path], options: EvaluateConfig, corruption_options: Mapping | None
 ) -> list[_RunPlan]:
     """Check everything the runs' evaluations need, before any starts."""
-    configs = [read_run_config(run) for run in runs]
+    configs = [files.read_run_config(run) for run in runs]
     documents = documents_of(configs, options, corruption_options)
     plans = []
     for run, config in zip(runs, configs, strict=True):
         checkpoint, step = run_checkpoint(run, options.step)
-        plans.append(_RunPlan(run, config, documents[_documents_key(config)], checkpoint, step))
+        plans.append(_RunPlan(run, config, documents[documents_key(config)], checkpoint, step))
     return plans
 
 
@@ -248,19 +144,19 @@ def _settings(plan: _RunPlan, options: EvaluateConfig) -> dict:
         "corruption": {at: task.corruption_metadata(at) for at in options.corruptions},
         "checkpoint": {
             "step": plan.step,
-            "sha256": (state.get("checksums") or {}).get("model.safetensors"),
+            "sha256": weights_sha256(state),
         },
     }
 
 
 def _evaluate(plan: _RunPlan, options: EvaluateConfig, force: bool) -> pd.DataFrame:
     run_dir, documents = plan.run_dir, plan.documents
-    out, stamp = run_dir / INTERVENTIONS, run_dir / STAMP
     settings = _settings(plan, options)
-    done = out.exists() and (run_dir / EXAMPLES).exists() and stamp.exists()
-    if done and not force and _read_stamp(run_dir).get("settings") == settings:
+    done = all((run_dir / name).exists() for name in (INTERVENTIONS, EXAMPLES, INTERVENTIONS_STAMP))
+    stamp = files.read_stamp(run_dir, INTERVENTIONS_STAMP)
+    if done and not force and stamp.get("settings") == settings:
         try:
-            return read_parquet(out)
+            return files.read_table(run_dir, INTERVENTIONS)
         except DamagedFileError:
             pass  # evaluated anew, below
     device = options.device
@@ -288,10 +184,10 @@ def _evaluate(plan: _RunPlan, options: EvaluateConfig, force: bool) -> pd.DataFr
     }
     for i, (name, value) in enumerate(identity.items()):
         table.insert(i, name, value)
-    atomic_write_parquet(out, table)
-    atomic_write_parquet(run_dir / EXAMPLES, examples)
+    files.write_table(run_dir, INTERVENTIONS, table)
+    files.write_table(run_dir, EXAMPLES, examples)
     record = {"settings": settings, "documents": len(batch), "skipped": documents.skipped}
-    atomic_write_json(stamp, record)
+    files.write_stamp(run_dir, INTERVENTIONS_STAMP, record)
     return table
 
 
@@ -316,80 +212,19 @@ def _grids(model, batch, corrupted, groups, memory_budget: int) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _read_stamp(run_dir: Path) -> dict:
-    """A run's interventions.json ({} when missing or unreadable: the run is evaluated anew)."""
-    try:
-        record = json.loads((run_dir / STAMP).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}
-    return record if isinstance(record, dict) else {}
-
-
-def evaluated_step(run_dir: str | Path) -> int | None:
-    """The checkpoint step a run's stored evaluation used (None: not recorded)."""
-    settings = _read_stamp(Path(run_dir)).get("settings") or {}
-    step = (settings.get("checkpoint") or {}).get("step")
-    return step if isinstance(step, int) else None
-
-
 def evaluation_summary(run_dir: str | Path) -> str:
     """One line on a run's stored evaluation: the checkpoint step it used, its documents and
     the positions that skipped some of them."""
     run_dir = Path(run_dir)
-    record = _read_stamp(run_dir)
+    record = files.read_stamp(run_dir, INTERVENTIONS_STAMP)
     if not record.get("settings"):
         return f"{run_dir}: not evaluated"
-    line = f"{run_dir}: step {evaluated_step(run_dir)}, {record.get('documents')} documents"
+    line = f"{run_dir}: step {files.evaluated_step(run_dir)}, {record.get('documents')} documents"
     skipped = record.get("skipped") or {}
     if skipped:
         parts = ", ".join(f"{label} lies outside {n}" for label, n in skipped.items())
         line += f" ({parts}: skipped there)"
     return line
-
-
-@torch.no_grad()
-def document_records(model, batch) -> pd.DataFrame:
-    """Per evaluation document: example index, key and query positions, distance (query -
-    key), correct (the answer is the argmax at the query), p_answer (its probability)."""
-    was_training = model.training
-    model.eval()
-    correct, p_answer = [], []
-    for start in range(0, len(batch), 256):
-        part = batch[start : start + 256]
-        width = int(part.lengths.max())
-        logits = model(part.tokens[:, :width], positions=part.positions["query"]).float()
-        correct.append(logits.argmax(-1) == part.answers)
-        p_answer.append(logits.softmax(-1).gather(1, part.answers[:, None])[:, 0])
-    model.train(was_training)
-    key, query = batch.positions["key"].cpu(), batch.positions["query"].cpu()
-    return pd.DataFrame(
-        {
-            "example": range(len(batch)),
-            "key_position": key.numpy(),
-            "query_position": query.numpy(),
-            "distance": (query - key).numpy(),
-            "correct": torch.cat(correct).cpu().numpy(),
-            "p_answer": torch.cat(p_answer).cpu().numpy(),
-        }
-    )
-
-
-def _with_corruption_options(task, options: Mapping[str, object]):
-    unknown = sorted(set(options) - set(task.corruption_options))
-    if unknown:
-        raise ValueError(
-            f"corruption_options {unknown} are not corruption options of task {task.name!r} "
-            f"(its options: {list(task.corruption_options) or 'none'})"
-        )
-    return dataclasses.replace(task, **options) if options else task
-
-
-def finished_runs(path: str | Path) -> list[Path]:
-    """`path` itself if it is a finished run, else its finished runs (one level down)."""
-    path = Path(path)
-    if (path / RESULT).exists():
-        return [path]
-    return sorted(p.parent for p in path.glob(f"*/{RESULT}"))
 
 
 def evaluate_all(
@@ -401,11 +236,9 @@ def evaluate_all(
     **options,
 ) -> pd.DataFrame:
     """`evaluate_run` on every finished run under `path` (and, with `over_training`, the
-    read-outs of every kept checkpoint: mecheval.over_training); returns all grids
+    read-outs of every kept checkpoint: mecheval.evaluation.over_training); returns all grids
     concatenated. `options` are EvaluateConfig's fields. Every run's options and checkpoint
     are checked before the first is evaluated."""
-    from mecheval.over_training import evaluate_over_training
-
     checked = check_options(EvaluateConfig(**options))
     runs = finished_runs(path)
     if not runs:

@@ -3,6 +3,7 @@
     run_folders(path)     the run folders: `path` itself when it is one, else its subfolders
                           that are (a folder holding config.yaml, result.json, error.json or
                           checkpoints/)
+    finished_runs(path)   those that hold a result.json
     folder_status(run)    one row: run, path, status, step, evaluated, detail
     status_table(path)    those rows for every run folder under `path`
 
@@ -19,25 +20,31 @@ Statuses:
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from mecheval.evaluate import INTERVENTIONS, evaluated_step
 from mecheval.io import DamagedFileError
-from mecheval.sweep.runner import ERROR
-from mecheval.train.checkpoint import list_checkpoints
-from mecheval.train.loop import CONFIG, RESULT, read_result
+from mecheval.run_folder.checkpoints import list_checkpoints
+from mecheval.run_folder.files import (
+    CHECKPOINTS,
+    CONFIG,
+    ERROR,
+    INTERVENTIONS,
+    RESULT,
+    evaluated_step,
+    read_error,
+    read_result,
+)
 
 FINISHED, DIVERGED, FAILED = "finished", "diverged", "failed"
 INCOMPLETE, UNREADABLE = "incomplete", "unreadable"
 STATUSES = (FINISHED, DIVERGED, FAILED, INCOMPLETE, UNREADABLE)
-MARKERS = (CONFIG, RESULT, ERROR, "checkpoints")
+MARKERS = (CONFIG, RESULT, ERROR, CHECKPOINTS)
 COLUMNS = ("run", "path", "status", "step", "evaluated", "detail")
-# Where mecheval.train's TrainingDiverged messages name the first non-finite step: "(6..8" for
+# Where mecheval.train.loop's TrainingDiverged messages name the first non-finite step: "(6..8" for
 # a run of non-finite losses, "after step 4" for non-finite weights.
 _DIVERGED_AT = re.compile(r"\((\d+)\.\.\d+|after step (\d+)")
 
@@ -56,8 +63,16 @@ def run_folders(path: str | Path) -> list[Path]:
     return sorted(p for p in path.iterdir() if is_run_folder(p))
 
 
+def finished_runs(path: str | Path) -> list[Path]:
+    """`path` itself if it is a finished run, else its finished runs (one level down)."""
+    path = Path(path)
+    if (path / RESULT).exists():
+        return [path]
+    return sorted(p.parent for p in path.glob(f"*/{RESULT}"))
+
+
 def _newest_step(run: Path) -> int | None:
-    kept = list_checkpoints(run / "checkpoints")
+    kept = list_checkpoints(run / CHECKPOINTS)
     return kept[-1][0] if kept else None
 
 
@@ -75,10 +90,9 @@ def folder_status(run: Path) -> dict[str, Any]:
         return {**row, "status": FINISHED, "step": result["steps"], "detail": detail}
     if (run / ERROR).exists():
         try:
-            error = json.loads((run / ERROR).read_bytes().decode("utf-8"))["error"]
-        except (ValueError, KeyError, TypeError) as reason:
-            detail = f"{run / ERROR}: unreadable ({type(reason).__name__}: {reason})"
-            return {**row, "status": UNREADABLE, "step": None, "detail": detail}
+            error = read_error(run)
+        except DamagedFileError as unreadable:
+            return {**row, "status": UNREADABLE, "step": None, "detail": str(unreadable)}
         name, _, message = str(error).partition(": ")
         if name == "TrainingDiverged":
             found = _DIVERGED_AT.search(message)

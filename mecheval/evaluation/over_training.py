@@ -17,28 +17,31 @@ evaluated with the same settings and checkpoints is skipped.
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
 import pandas as pd
 
-from mecheval.evaluate import document_records
+from mecheval.evaluation.config import DEFAULTS
+from mecheval.evaluation.documents import document_records
 from mecheval.interventions import interchange_grid, readout, readout_cells
-from mecheval.io import atomic_write_json, atomic_write_parquet
-from mecheval.train.checkpoint import (
-    TENSOR_FILES,
+from mecheval.io import DamagedFileError
+from mecheval.run_folder import files
+from mecheval.run_folder.checkpoints import (
+    WEIGHTS,
     CheckpointError,
     list_checkpoints,
     verify_checkpoint,
 )
-from mecheval.train.loop import load_trained_model
+from mecheval.run_folder.files import CHECKPOINTS, OVER_TRAINING, OVER_TRAINING_STAMP
+from mecheval.run_folder.weights import load_trained_model
 
-OVER_TRAINING = "readouts_over_training.parquet"
 CONV_POSITIONS = ("value", "value+1", "value+2")
 
 
-def readout_grids(model, batch, corrupted, memory_budget: int = 1 << 30) -> pd.DataFrame:
+def readout_grids(
+    model, batch, corrupted, memory_budget: int = DEFAULTS.memory_budget
+) -> pd.DataFrame:
     """The interchange grid of the read-out cells (see the module docstring)."""
     depth = len(model.layers)
     cells = readout_cells(depth)
@@ -89,10 +92,10 @@ def _conv_readouts(grid: pd.DataFrame) -> dict[str, float]:
 
 def evaluate_over_training(
     run_dir: str | Path,
-    split: str = "dev",
-    device: str = "cpu",
-    seed: int = 0,
-    memory_budget: int = 1 << 30,
+    split: str = DEFAULTS.split,
+    device: str = DEFAULTS.device,
+    seed: int = DEFAULTS.seed,
+    memory_budget: int = DEFAULTS.memory_budget,
     force: bool = False,
 ) -> pd.DataFrame:
     """The read-outs of every kept checkpoint of a run (see the module docstring).
@@ -102,11 +105,10 @@ def evaluate_over_training(
         `mecheval.interventions.readout` (and conv_* for models with a short conv), mechanism.
     """
     run_dir = Path(run_dir)
-    out = run_dir / OVER_TRAINING
     checkpoints = []
-    for step, path in list_checkpoints(run_dir / "checkpoints"):
+    for step, path in list_checkpoints(run_dir / CHECKPOINTS):
         try:
-            verify_checkpoint(path, TENSOR_FILES[:1])
+            verify_checkpoint(path, (WEIGHTS,))
         except CheckpointError as error:
             warnings.warn(f"{error}: left out of the read-outs over training", stacklevel=2)
             continue
@@ -114,9 +116,12 @@ def evaluate_over_training(
     if not checkpoints:
         raise FileNotFoundError(f"{run_dir} has no intact checkpoint")
     settings = {"split": split, "seed": seed, "steps": [step for step, _ in checkpoints]}
-    stamp = run_dir / "readouts_over_training.json"
-    if out.exists() and stamp.exists() and not force and json.loads(stamp.read_text()) == settings:
-        return pd.read_parquet(out)
+    stored = files.read_stamp(run_dir, OVER_TRAINING_STAMP)
+    if (run_dir / OVER_TRAINING).exists() and not force and stored == settings:
+        try:
+            return files.read_table(run_dir, OVER_TRAINING)
+        except DamagedFileError:
+            pass  # evaluated anew, below
     rows = []
     for step, path in checkpoints:
         model, task, config = load_trained_model(run_dir, device=device, checkpoint=path)
@@ -131,6 +136,6 @@ def evaluate_over_training(
         rows.append(row)
     table = pd.DataFrame(rows)
     table.insert(0, "run", run_dir.name)
-    atomic_write_parquet(out, table)
-    atomic_write_json(stamp, settings)
+    files.write_table(run_dir, OVER_TRAINING, table)
+    files.write_stamp(run_dir, OVER_TRAINING_STAMP, settings)
     return table

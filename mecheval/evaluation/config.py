@@ -1,10 +1,10 @@
 """The evaluation's settings, their defaults and the checks they pass before any work starts, in
-a module light enough for the CLI to import (mecheval.evaluate runs them).
+a module light enough for the CLI to import (mecheval.evaluation.evaluate runs them).
 
 `check_options` checks what needs no run: the split, corruptions, seed, device, memory budget,
 checkpoint step, and that each position is written as one (a named position, optionally
 shifted, an index, or "all"). Whether a position lies inside a task's documents is checked
-against each run's documents (mecheval.evaluate.evaluation_documents). Every error is an
+against each run's documents (mecheval.evaluation.documents). Every error is an
 `OptionError` naming the option, the bad value and what is allowed; `renamed` gives its message
 with the option as the caller spells it (`--memory-budget` on the command line,
 `evaluate.memory_budget` in a run config).
@@ -17,11 +17,11 @@ from collections.abc import Callable
 from typing import Literal
 
 from mecheval.config import ConfigError
+from mecheval.run_folder import LATEST
 
 CORRUPTIONS = ("key", "value")
 POSITIONS = ("key", "value", "divider", "query", "value+1", "value+2")
 SPLITS = ("dev", "test")
-LATEST = "latest"
 
 
 @dataclasses.dataclass

@@ -3,13 +3,14 @@
     evidence_table(best, results)   read-outs of each selected run, with bootstrap intervals over
                                     its documents and, where the configuration ran with several
                                     seeds, over seeds too; plus layer-0 short-conv read-outs
-    over_training_table(best)       the read-outs of every kept checkpoint (mecheval.over_training)
+    over_training_table(best)       the read-outs of every kept checkpoint
+                                    (mecheval.evaluation.over_training)
     formation_steps(table)          per run: the first step each mechanism reaches 0.5
     distance_table(best)            accuracy and read-outs by key-to-query distance
 
-`best` and `results` are the report's tables (mecheval.report.collect_results / best_runs):
-one row per run with its path, identity (task, arch, d_model, n_layers, lr, seed) and
-accuracies.
+`best` and `results` are the report's tables (mecheval.evaluation.report.collect_results /
+best_runs): one row per run with its path, identity (task, arch, d_model, n_layers, lr, seed)
+and accuracies.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mecheval.evaluate import EXAMPLES, INTERVENTIONS
+from mecheval.evaluation.over_training import CONV_POSITIONS
 from mecheval.interventions import attrib_intervals, readout
 from mecheval.interventions.scores import MECHANISMS
-from mecheval.io import read_parquet
-from mecheval.over_training import CONV_POSITIONS, OVER_TRAINING
+from mecheval.run_folder.files import EXAMPLES, INTERVENTIONS, OVER_TRAINING, read_table
 
 READOUTS = tuple(MECHANISMS)
 IDENTITY = (
@@ -41,17 +41,9 @@ IDENTITY = (
 BOOTSTRAP_REPS = 1000
 
 
-def read_evaluation(run: str | Path, name: str) -> pd.DataFrame:
-    """A table a run's evaluation wrote (`name`: interventions.parquet, examples.parquet,
-    readouts_over_training.parquet); DamagedFileError names one that cannot be read, and how to
-    write it anew."""
-    run = Path(run)
-    return read_parquet(run / name, fix=f"evaluate the run again: mecheval evaluate {run} --force")
-
-
 def key_grid(path: str | Path) -> pd.DataFrame:
     """The key-corruption grid of a run, grid columns only."""
-    grid = read_evaluation(path, INTERVENTIONS)
+    grid = read_table(path, INTERVENTIONS)
     grid = grid[grid["corruption"] == "key"]
     return grid.drop(columns=[c for c in IDENTITY if c in grid])
 
@@ -110,7 +102,7 @@ def over_training_table(best: pd.DataFrame) -> pd.DataFrame:
     frames = []
     for _, run in best.iterrows():
         if (Path(run["path"]) / OVER_TRAINING).exists():
-            table = read_evaluation(run["path"], OVER_TRAINING)
+            table = read_table(run["path"], OVER_TRAINING)
             for column in ("task", "setting", "arch", "d_model", "n_layers", "lr"):
                 table.insert(0, column, run[column])
             frames.append(table)
@@ -154,7 +146,7 @@ def distance_table(best: pd.DataFrame, bins: int = 4) -> pd.DataFrame:
         path = Path(run["path"])
         if not (path / EXAMPLES).exists():
             continue
-        examples = read_evaluation(path, EXAMPLES)
+        examples = read_table(path, EXAMPLES)
         distance = examples["distance"]
         edges = np.unique(np.quantile(distance, np.linspace(0, 1, bins + 1)))
         if len(edges) < 2:

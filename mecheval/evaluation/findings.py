@@ -15,8 +15,8 @@ never written by hand:
 - "reproduced": in some setting, every model the finding names was run and behaves as the
   study found;
 - "not reproduced": they were run together in a setting at the study's scale (its task
-  setting and training length, `study_scale`; mecheval.study_numbers.at_study_scale), and in
-  none do all behave so;
+  setting and training length, `study_scale`;
+  mecheval.evaluation.study_numbers.at_study_scale), and in none do all behave so;
 - "not reproduced at this scale": as above, but only in smaller settings (a toy task, fewer
   steps), which cannot contradict the study;
 - "not run at this scale": no setting has every model the finding needs (evaluated).

@@ -1,4 +1,5 @@
-"""Training checkpoints that survive a kill at any instant, and damage on disk.
+"""A run folder's checkpoints: written so that they survive a kill at any instant, and checked
+for damage on disk when read.
 
 A checkpoint is a folder `checkpoints/step_000123/` holding
     model.safetensors      the model weights
@@ -16,7 +17,8 @@ people and tools, and a missing or dangling one is rewritten from the folders. L
 the checksums first, so a truncated or overwritten file is refused by name instead of loading
 garbage; `restore_newest` falls back to the newest intact checkpoint, warns about each one it
 skipped (and why) and moves those aside (`.damaged-step_...`). Pruning never deletes the
-checkpoint just written. Checkpoints of earlier versions (no checksums) load as before.
+checkpoint just written. A checkpoint without checksums (written before they were recorded)
+is checked for its files only.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 
 from mecheval.io import DamagedFileError, atomic_write_text, current_umask, remove_temporaries
 
-LATEST = "latest"
+POINTER = "latest"
 STATE = "state.json"
-TENSOR_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors")
+WEIGHTS = "model.safetensors"  # all that evaluation loads of a checkpoint
+TENSOR_FILES = (WEIGHTS, "optimizer.safetensors", "rng.safetensors")
 DAMAGED_PREFIX = ".damaged-"
 
 
@@ -105,7 +108,7 @@ def save_checkpoint(
     tmp.mkdir()
     # save_model stores a tensor shared by several modules (Hyena's one set of Sin
     # frequencies) once; save_file would refuse it.
-    save_model(model, str(tmp / "model.safetensors"))
+    save_model(model, str(tmp / WEIGHTS))
     opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
     save_file(opt_tensors, tmp / "optimizer.safetensors")
     rng = {"cpu": torch.get_rng_state()}
@@ -127,17 +130,17 @@ def save_checkpoint(
         os.chmod(f, mode)
         with open(f, "rb") as handle:
             os.fsync(handle.fileno())
-    if final.exists():  # a checkpoint of this step from an earlier, killed attempt
+    if final.exists():  # a checkpoint of this step from a killed attempt
         shutil.rmtree(final)
     os.replace(tmp, final)
-    atomic_write_text(root / LATEST, name + "\n")
+    atomic_write_text(root / POINTER, name + "\n")
     prune_checkpoints(root, keep, step)
     return final
 
 
 def prune_checkpoints(root: Path, keep: int, newest: int) -> None:
     """Keep checkpoint `newest` and the `keep - 1` before it; drop the older ones and any past
-    `newest` (a history the run left when it fell back to an earlier checkpoint)."""
+    `newest` (a history the run left when it fell back to an older checkpoint)."""
     complete = list_checkpoints(root)
     older = [path for step, path in complete if step < newest]
     stale = [path for step, path in complete if step > newest]
@@ -183,8 +186,8 @@ def read_state(path: Path) -> dict[str, Any]:
 
 def verify_checkpoint(path: Path, files: tuple[str, ...] = TENSOR_FILES) -> dict[str, Any]:
     """The state of checkpoint `path` once each of `files` matches its recorded checksum;
-    raises CheckpointError naming the first that does not (checkpoints without checksums, from
-    earlier versions, are only checked for their files)."""
+    raises CheckpointError naming the first that does not (checkpoints without checksums are
+    only checked for their files)."""
     state = read_state(path)
     checksums = state.get("checksums")
     for name in files:
@@ -224,7 +227,7 @@ def load_checkpoint(
     path = Path(path)
     state = verify_checkpoint(path, TENSOR_FILES if optimizer is not None else TENSOR_FILES[:1])
     device = next(model.parameters()).device
-    weights = path / "model.safetensors"
+    weights = path / WEIGHTS
     _read(weights, lambda: load_model(model, str(weights), strict=True, device=str(device)))
     if optimizer is not None:
         file = path / "optimizer.safetensors"
@@ -240,6 +243,12 @@ def load_checkpoint(
         if cuda_states and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(cuda_states)
     return state
+
+
+def weights_sha256(state: dict[str, Any]) -> str | None:
+    """The sha256 a checkpoint's state.json records of its weights (None: not recorded)."""
+    checksums = state.get("checksums")
+    return checksums.get(WEIGHTS) if isinstance(checksums, dict) else None
 
 
 def load_weights(path: Path, model: torch.nn.Module) -> None:
@@ -283,7 +292,7 @@ def restore_newest(
             warnings.warn(reason, RuntimeWarning, stacklevel=2)
             skipped.append(reason)
             continue
-        pointer = root / LATEST
+        pointer = root / POINTER
         try:
             named = pointer.read_text().strip()
         except (OSError, UnicodeDecodeError):
@@ -292,5 +301,5 @@ def restore_newest(
             atomic_write_text(pointer, path.name + "\n")
         return state, skipped
     if skipped:
-        (root / LATEST).unlink(missing_ok=True)
+        (root / POINTER).unlink(missing_ok=True)
     return None, skipped

@@ -67,32 +67,33 @@ _SETTINGS = {
 STUDY_STEPS = {"ar": 50_016, "atr": 100_032}
 
 
-def _is_study_setting(task: str, task_options: Mapping[str, object]) -> bool:
+def _figures_of(task: str, task_options: Mapping[str, object]) -> list[tuple[str, dict]]:
+    """The study's figures whose task setting makes this task's documents, as (figure,
+    {arch: accuracies by width}); options that only change how documents are corrupted do not
+    matter."""
     documents = make_task(task, **task_options).data_config()
-    return any(
-        name == task and make_task(name, **options).data_config() == documents
-        for name, options, _ in _SETTINGS.values()
-    )
+    return [
+        (figure, table)
+        for figure, (name, options, table) in _SETTINGS.items()
+        if name == task and make_task(name, **options).data_config() == documents
+    ]
 
 
 def at_study_scale(task: str, task_options: Mapping[str, object], steps: int) -> bool:
     """Whether a run had the study's task setting (documents as its figures' tasks) and at
     least its number of training steps: a finding that fails to show in a smaller run has not
     been contradicted."""
-    return steps >= STUDY_STEPS.get(task, 0) and _is_study_setting(task, task_options)
+    return steps >= STUDY_STEPS.get(task, 0) and bool(_figures_of(task, task_options))
 
 
 def study_accuracy(
     task: str, task_options: Mapping[str, object], arch: str, d_model: int, n_layers: int
 ) -> tuple[float, str] | None:
     """The study's accuracy for this setting and the figure it comes from, or None when the
-    study reports none (other tasks or options, depths, widths or architectures). Options that
-    only change how documents are corrupted do not matter."""
+    study reports none (other tasks or options, depths, widths or architectures)."""
     if n_layers != 2 or d_model not in WIDTHS:
         return None
-    documents = make_task(task, **task_options).data_config()
-    for figure, (name, options, table) in _SETTINGS.items():
-        same = name == task and make_task(name, **options).data_config() == documents
-        if same and arch in table:
+    for figure, table in _figures_of(task, task_options):
+        if arch in table:
             return table[arch][WIDTHS.index(d_model)], figure
     return None

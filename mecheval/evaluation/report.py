@@ -5,11 +5,11 @@ mechanism side by side.
 
 Contents:
 - how many run folders it found, by status (finished, diverged, failed, incomplete,
-  unreadable: mecheval.run_folders), and a table of every one of them; the findings and
+  unreadable: mecheval.run_folder.status), and a table of every one of them; the findings and
   accuracy tables say how many runs they rest on (the finished ones; a result.json that cannot
   be read leaves its run out, listed as unreadable);
 - findings: the study's five findings, each with the study's numbers, ours and a verdict
-  computed from the runs (mecheval.findings);
+  computed from the runs (mecheval.evaluation.findings);
 - accuracy: the best learning rate per (task, architecture, width, depth), by final dev
   accuracy, with its dev and test accuracy;
 - mechanism: for each selected run, key corrupted, the Attrib of restoring layer 1's block
@@ -28,27 +28,26 @@ from __future__ import annotations
 
 import html
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from mecheval.analysis import (
+from mecheval.evaluation.analysis import (
     distance_table,
     evidence_table,
     formation_steps,
     key_grid,
     over_training_table,
-    read_evaluation,
 )
-from mecheval.evaluate import INTERVENTIONS
-from mecheval.findings import findings_table
+from mecheval.evaluation.findings import findings_table
+from mecheval.evaluation.plots import heatmap, over_training, value_vs_query
+from mecheval.evaluation.study_numbers import at_study_scale, study_accuracy
 from mecheval.interventions import MECHANISM_THRESHOLD, attrib
 from mecheval.io import atomic_write_parquet
-from mecheval.plots import heatmap, over_training, value_vs_query
-from mecheval.run_folders import FINISHED, status_counts, status_table
-from mecheval.study_numbers import at_study_scale, study_accuracy
+from mecheval.run_folder.files import INTERVENTIONS, read_result, read_table
+from mecheval.run_folder.status import FINISHED, status_counts, status_table
 from mecheval.tasks import make_task
-from mecheval.train.loop import read_result
 
 MODEL = ["task", "setting", "arch", "d_model", "n_layers"]
 
@@ -60,7 +59,7 @@ def task_setting(task_section: dict) -> str:
 
 
 def collect_results(folders: pd.DataFrame) -> pd.DataFrame:
-    """One row per finished run of `folders` (mecheval.run_folders.status_table): its identity
+    """One row per finished run of `folders` (mecheval.run_folder.status.status_table): its identity
     and accuracies."""
     rows = []
     for run in map(Path, folders.loc[folders["status"] == FINISHED, "path"]):
@@ -114,7 +113,7 @@ def corruption_note(best: pd.DataFrame) -> str:
     """Which ids the evaluated runs' corruptions drew from, per task."""
     seen: dict[str, dict[str, str]] = {}
     for _, run in best[best["evaluated"]].iterrows():
-        grid = read_evaluation(run["path"], INTERVENTIONS)
+        grid = read_table(run["path"], INTERVENTIONS)
         if "replacement_ids" not in grid:
             continue
         pairs = grid[["task", "corruption", "replacement_ids"]].drop_duplicates()
@@ -199,110 +198,128 @@ def _heatmaps(best: pd.DataFrame, out: Path) -> list[str]:
     return names
 
 
-def build_report(path: str | Path, out: str | Path | None = None) -> Path:
-    """Write report.md, report.html, the PNG plots and the tables; returns the report folder."""
-    path = Path(path)
-    out = Path(out) if out else path / "report"
+@dataclass(frozen=True)
+class _Tables:
+    """What the report shows, from the run folders under its path."""
+
+    folders: pd.DataFrame  # every run folder and its status
+    results: pd.DataFrame  # one row per finished run
+    best: pd.DataFrame  # the best learning rate per model
+    evidence: pd.DataFrame  # their read-outs
+    findings: pd.DataFrame
+    over: pd.DataFrame  # read-outs over training
+    formation: pd.DataFrame
+    distance: pd.DataFrame
+
+    def stored(self) -> dict[str, pd.DataFrame]:
+        """The tables the report folder keeps as Parquet, by name."""
+        return {
+            "evidence": self.evidence,
+            "findings": self.findings,
+            "over_training": self.over,
+            "distance": self.distance,
+            "run_folders": self.folders,
+        }
+
+
+def _tables(path: Path) -> _Tables:
     folders = status_table(path)
     results = collect_results(folders)
-    if results.empty:  # checked before any folder is made: a mistyped path leaves no trace
+    if results.empty:
         found = f" ({len(folders)} run folders: {status_counts(folders)})" if len(folders) else ""
         raise FileNotFoundError(f"no finished run under {path}{found}")
-    out.mkdir(parents=True, exist_ok=True)
     best = best_runs(results)
     evidence = evidence_table(best, results)
-    findings = findings_table(evidence[evidence["n_layers"] == 2])
     over = over_training_table(best)
-    formation = formation_steps(over)
-    distance = distance_table(best)
-    for name, table in (
-        ("evidence", evidence),
-        ("findings", findings),
-        ("over_training", over),
-        ("distance", distance),
-        ("run_folders", folders),
-    ):
-        atomic_write_parquet(out / f"{name}.parquet", table)
+    return _Tables(
+        folders=folders,
+        results=results,
+        best=best,
+        evidence=evidence,
+        findings=findings_table(evidence[evidence["n_layers"] == 2]),
+        over=over,
+        formation=formation_steps(over),
+        distance=distance_table(best),
+    )
 
-    accuracy = with_study_accuracy(
-        best[[*MODEL, "lr", "seed", "dev_accuracy", "test_accuracy", "steps", "task_label"]]
-    ).drop(columns=["task_label"])
-    mechanism_note = (
-        f"{corruption_note(best)} Intervals: 95% bootstrap over documents (and over seeds, "
-        f"marked, where a configuration ran with several). The `mechanism` label is mecheval's "
-        f"own rule (the highest read-out if it reaches {MECHANISM_THRESHOLD}, else "
-        '"unclear"); the study reports the Attrib values themselves.'
-    )
-    judged = evidence[evidence["n_layers"] == 2]
+
+def _findings_note(t: _Tables) -> str:
+    judged = t.evidence[t.evidence["n_layers"] == 2]
     evaluated = int(judged["mechanism"].notna().sum()) if "mechanism" in judged else 0
-    rests_on = (
+    return (
         f"These verdicts rest on {len(judged)} 2-layer model(s), {evaluated} of them "
-        f"evaluated: the best learning rate of each, among the {len(results)} finished run(s) "
-        f"of the {len(folders)} run folder(s) (see Run folders). "
-    )
-    findings_note = rests_on + (
-        "Verdicts are computed from the runs below (mecheval.findings): a model solves a task "
-        "at dev accuracy >= 0.5 and fails it below 0.3; each architecture is judged at its "
-        "most accurate width. A finding that does not show in runs smaller than the study's "
+        f"evaluated: the best learning rate of each, among the {len(t.results)} finished "
+        f"run(s) of the {len(t.folders)} run folder(s) (see Run folders). Verdicts are "
+        "computed from the runs below (mecheval.evaluation.findings): a model solves a task at "
+        "dev accuracy >= 0.5 and fails it below 0.3; each architecture is judged at its most "
+        "accurate width. A finding that does not show in runs smaller than the study's "
         '(another task setting, or fewer training steps) is "not reproduced at this scale"; '
         "\"not reproduced\" needs the study's setting and length. The study's numbers are its "
         "best learning rate per width."
     )
-    sections = [
-        ("Findings", findings_note, findings),
-        (
-            "Accuracy (best learning rate per architecture and width)",
-            f"{len(best)} model(s), each the best of its learning rates among the "
-            f"{len(results)} finished run(s) of the {len(folders)} run folder(s). `study`: the "
-            "study's dev accuracy at its best learning rate for the same setting, read off its "
-            "figure (+-0.02 to 0.05), where it reports one.",
-            accuracy,
-        ),
+
+
+def _sections(t: _Tables) -> list[tuple[str, str, pd.DataFrame]]:
+    """The report's sections: title, note, table."""
+    columns = [*MODEL, "lr", "seed", "dev_accuracy", "test_accuracy", "steps", "task_label"]
+    accuracy = with_study_accuracy(t.best[columns]).drop(columns=["task_label"])
+    mechanism_note = (
+        f"{corruption_note(t.best)} Intervals: 95% bootstrap over documents (and over seeds, "
+        f"marked, where a configuration ran with several). The `mechanism` label is mecheval's "
+        f"own rule (the highest read-out if it reaches {MECHANISM_THRESHOLD}, else "
+        '"unclear"); the study reports the Attrib values themselves.'
+    )
+    accuracy_note = (
+        f"{len(t.best)} model(s), each the best of its learning rates among the "
+        f"{len(t.results)} finished run(s) of the {len(t.folders)} run folder(s). `study`: the "
+        "study's dev accuracy at its best learning rate for the same setting, read off its "
+        "figure (+-0.02 to 0.05), where it reports one."
+    )
+    folders_note = (
+        "Every run folder found: finished, diverged (at the first non-finite step), failed, "
+        "incomplete (no result yet: running or stopped) or unreadable; `evaluated`: the "
+        "checkpoint step its evaluation patched."
+    )
+    return [
+        ("Findings", _findings_note(t), t.findings),
+        ("Accuracy (best learning rate per architecture and width)", accuracy_note, accuracy),
         (
             "Mechanism (key corrupted; Attrib of restoring layer 1's block input)",
             mechanism_note,
-            mechanism_display(evidence),
+            mechanism_display(t.evidence),
         ),
         (
             "Inside the layer-0 short conv (Attrib of its output, key corrupted)",
             "The study finds Mamba's association in its short conv after the value.",
-            conv_display(evidence),
+            conv_display(t.evidence),
         ),
         (
             "Mechanisms over training",
             "First kept checkpoint at which each read-out reaches 0.5, and which mechanism "
             "came first.",
-            formation,
+            t.formation,
         ),
-        ("Accuracy and read-outs by key-to-query distance", "", distance),
-        ("Finished runs", "", results.drop(columns=["path", "evaluated", "task_label"])),
-        (
-            "Run folders",
-            "Every run folder found: finished, diverged (at the first non-finite step), failed, "
-            "incomplete (no result yet: running or stopped) or unreadable; `evaluated`: the "
-            "checkpoint step its evaluation patched.",
-            folders.drop(columns=["path"]),
-        ),
+        ("Accuracy and read-outs by key-to-query distance", "", t.distance),
+        ("Finished runs", "", t.results.drop(columns=["path", "evaluated", "task_label"])),
+        ("Run folders", folders_note, t.folders.drop(columns=["path"])),
     ]
-    figures = [
-        name
-        for name in (value_vs_query(evidence, out), over_training(over, out))
-        if name is not None
-    ] + _heatmaps(best, out)
 
-    found = f"{len(folders)} ({status_counts(folders)})"
-    md = ["# mecheval report", "", f"Run folders under `{path}`: {found}.", ""]
+
+def _write_markdown(out: Path, found: str, sections, figures: list[str]) -> None:
+    md = ["# mecheval report", "", found, ""]
     for title, note, frame in sections:
         md += [f"## {title}", ""] + ([note, ""] if note else []) + [_markdown(frame)]
     md += ["## Figures", ""] + [f"![{name}]({name})" for name in figures]
     (out / "report.md").write_text("\n".join(md) + "\n")
 
+
+def _write_html(out: Path, found: str, sections, figures: list[str]) -> None:
     page = [
         "<!doctype html><meta charset=utf-8><title>mecheval report</title>",
         "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}</style>",
         "<h1>mecheval report</h1>",
-        f"<p>Run folders under <code>{html.escape(str(path))}</code>: {html.escape(found)}.</p>",
+        f"<p>{found}</p>",
     ]
     for title, note, frame in sections:
         page.append(f"<h2>{html.escape(title)}</h2>")
@@ -317,4 +334,30 @@ def build_report(path: str | Path, out: str | Path | None = None) -> Path:
         f'<p><img src="{html.escape(name)}" alt="{html.escape(name)}"></p>' for name in figures
     ]
     (out / "report.html").write_text("\n".join(page) + "\n")
+
+
+def build_report(path: str | Path, out: str | Path | None = None) -> Path:
+    """Write report.md, report.html, the PNG plots and the tables; returns the report folder."""
+    path = Path(path)
+    out = Path(out) if out else path / "report"
+    tables = _tables(path)  # before any folder is made: a mistyped path leaves no trace
+    out.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.stored().items():
+        atomic_write_parquet(out / f"{name}.parquet", table)
+    figures = [
+        name
+        for name in (value_vs_query(tables.evidence, out), over_training(tables.over, out))
+        if name is not None
+    ] + _heatmaps(tables.best, out)
+    sections = _sections(tables)
+    count = f"{len(tables.folders)} ({status_counts(tables.folders)})"
+    _write_markdown(out, f"Run folders under `{path}`: {count}.", sections, figures)
+    escaped = f"<code>{html.escape(str(path))}</code>: {html.escape(count)}"
+    _write_html(out, f"Run folders under {escaped}.", sections, figures)
     return out
+
+
+def read_report_table(report: str | Path, name: str) -> pd.DataFrame:
+    """A table a report folder keeps (evidence, findings, over_training, distance,
+    run_folders)."""
+    return pd.read_parquet(Path(report) / f"{name}.parquet")
