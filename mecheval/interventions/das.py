@@ -21,9 +21,9 @@ Batched: every (site, position, k) combination trains at once, each with its own
 and step, one backward over (combinations x documents) rows, each row run from the site's
 block on, from the base run's context at a resume point at or before its patch (as the
 interchange grid runs its cells), and read out at the query alone. Their losses are summed, so
-each R gets its own loss's gradient and Adam updates it as it would alone, on the same documents in the same
-order (`das_loop` trains each alone through a forward hook, pyvene's way; the tests compare
-them). Parameters, defaults and cost: docs/das.md.
+each R gets its own loss's gradient and Adam updates it as it would alone, on the same
+documents in the same order (`das_loop` trains each alone through a forward hook, pyvene's
+way; the tests compare them). Parameters, defaults and cost: docs/das.md.
 """
 
 from __future__ import annotations
