@@ -29,7 +29,7 @@ from pathlib import Path
 # Only these light modules load at start; each command imports what it runs when it runs, so
 # that `--help` or a bad option answers without loading torch.
 from mecheval.config import ConfigError
-from mecheval.evaluation.config import EvaluateConfig, OptionError
+from mecheval.evaluation.config import DasOptions, EvaluateConfig, OptionError
 from mecheval.run_folder import LATEST
 
 
@@ -197,6 +197,23 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_das(args: argparse.Namespace) -> int:
+    from mecheval.evaluation.das_runs import das_all
+
+    _check_cache()
+    options = {field.name: getattr(args, field.name) for field in fields(DasOptions)}
+    try:
+        table = das_all(args.path, force=args.force, **options)
+    except OptionError as error:
+        raise error.renamed(_flag) from None
+    held = table.groupby(["run", "corruption", "layer", "site", "position", "k"]).size()
+    print(
+        f"DAS on {table['run'].nunique()} run(s): {len(held)} (site, position, k) "
+        f"combinations x {int(held.max())} held-out documents; IIA by k in each run's das.parquet"
+    )
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from mecheval.evaluation.report import build_report
 
@@ -310,6 +327,51 @@ def _add_evaluate(sub) -> None:
     p.set_defaults(func=_cmd_evaluate)
 
 
+def _int_list(text: str) -> list[int]:
+    """An argparse type: comma-separated integers ("1,2,4")."""
+    try:
+        return [int(part) for part in text.split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 1,2,4, got {text!r}") from None
+
+
+def _name_list(text: str) -> list[str]:
+    """An argparse type: comma-separated names ("key,value")."""
+    return [part for part in text.split(",") if part]
+
+
+# How `mecheval das` takes each DasOptions field (its flag `_flag(field)`, its default the
+# field's): the rest of its argparse keywords.
+_DAS_FLAGS: dict[str, dict] = {
+    "sites": {"type": _name_list, "help": "e.g. block_input,state (absent ones are skipped)"},
+    "layers": {"type": _int_list, "help": "e.g. 0,1 (default: every layer)"},
+    "positions": {"type": _name_list, "help": "e.g. key,value,query"},
+    "dims": {"type": _int_list, "help": "subspace sizes, e.g. 1,2,4,8 (full width added)"},
+    "corruptions": {"type": _name_list, "help": "key and/or value"},
+    "steps": {"type": int, "help": "optimiser steps"},
+    "lr": {"type": float, "help": "Adam's learning rate"},
+    "batch_size": {"type": int, "help": "training documents per step"},
+    "holdout": {"type": float, "help": "share of the documents held out for IIA"},
+    "seed": {"type": int, "help": "the corruption's and the training's seed"},
+    "split": {"help": "dev or test"},
+    "device": {},
+    "step": {"type": _step, "help": "the checkpoint: a step number, or latest"},
+}
+
+
+def _add_das(sub) -> None:
+    p = sub.add_parser(
+        "das", help="distributed alignment search: in how many dimensions the answer lives"
+    )
+    p.add_argument("path", help="a run folder or a sweep folder")
+    defaults = DasOptions()
+    for field in fields(DasOptions):
+        default = getattr(defaults, field.name)
+        p.add_argument(_flag(field.name), default=default, **_DAS_FLAGS[field.name])
+    p.add_argument("--force", action="store_true", help="search runs already searched again")
+    p.set_defaults(func=_cmd_das)
+
+
 def _add_report(sub) -> None:
     p = sub.add_parser("report", help="write the Markdown/HTML report of evaluated runs")
     p.add_argument("path", help="a run folder or a sweep folder")
@@ -331,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug", action="store_true", help="show the traceback of any error, not one line"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_sweep, _add_data, _add_evaluate, _add_report, _add_run):
+    for add in (_add_train, _add_sweep, _add_data, _add_evaluate, _add_das, _add_report, _add_run):
         add(sub)
     return parser
 

@@ -52,6 +52,43 @@ class EvaluateConfig:
 DEFAULTS = EvaluateConfig()
 
 
+# The sites where the study's read-outs find the association: the residual stream (a block's
+# input), the mixer's output, a short convolution's output and a recurrent state. A run is
+# searched at those of them its model has.
+READOUT_SITES = ("block_input", "mixer_output", "conv_output", "state")
+
+
+@dataclasses.dataclass
+class DasOptions:
+    """What `mecheval das` searches and how (the one place its defaults live).
+
+    Attributes:
+        sites: short site names; those a run's model lacks are left out for it (one it has
+            none of is an error).
+        layers: layer indices (None: every layer).
+        positions: position names as the grid takes them.
+        dims: subspace sizes k (each site's full width is always added).
+        corruptions: what the base documents change (key, value).
+        steps, lr, batch_size, holdout, seed: the training settings; None: DasSettings'
+            default (mecheval.interventions.das). The seed also draws the corruptions.
+        split, device, step: as `mecheval evaluate` takes them.
+    """
+
+    sites: list[str] = dataclasses.field(default_factory=lambda: list(READOUT_SITES))
+    layers: list[int] | None = None
+    positions: list[str] = dataclasses.field(default_factory=lambda: ["key", "value", "query"])
+    dims: list[int] = dataclasses.field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    corruptions: list[str] = dataclasses.field(default_factory=lambda: ["key"])
+    steps: int | None = None
+    lr: float | None = None
+    batch_size: int | None = None
+    holdout: float | None = None
+    seed: int | None = None
+    split: str = "dev"
+    device: str = "cpu"
+    step: int | Literal["latest"] | None = None
+
+
 class OptionError(ConfigError):
     """An evaluation option (a field of EvaluateConfig) that cannot be used."""
 

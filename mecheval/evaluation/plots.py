@@ -1,5 +1,5 @@
-"""The report's figures, as PNG files: Attrib heatmaps, the value-vs-query scatter, and the
-read-outs over training."""
+"""The report's figures, as PNG files: Attrib heatmaps, the value-vs-query scatter, the
+read-outs over training, and DAS's IIA against k."""
 
 from __future__ import annotations
 
@@ -81,3 +81,29 @@ def over_training(table: pd.DataFrame, out: Path) -> str | None:
     fig.savefig(out / "over_training.png", dpi=110)
     plt.close(fig)
     return "over_training.png"
+
+
+def iia_vs_k(iia: pd.DataFrame, out: Path) -> str | None:
+    """DAS: one panel per site, IIA (with its interval) against the subspace size k, a line per
+    model, layer, position and corruption."""
+    if iia.empty:
+        return None
+    sites = list(dict.fromkeys(iia["site"]))
+    fig, axes = plt.subplots(1, len(sites), figsize=(4.5 * len(sites), 4), squeeze=False)
+    for ax, site in zip(axes[0], sites, strict=True):
+        keys = ["arch", "d_model", "layer", "position", "corruption"]
+        for key, line in iia[iia["site"] == site].groupby(keys):
+            arch, d_model, layer, position, corruption = key
+            label = f"{arch} d{d_model} L{layer} @{position} ({corruption})"
+            ax.plot(line["k"], line["iia"], marker="o", ms=3, label=label)
+            ax.fill_between(line["k"], line["iia_low"], line["iia_high"], alpha=0.15)
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("k (dimensions swapped)")
+        ax.set_ylabel("IIA")
+        ax.set_title(site)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out / "das_iia.png", dpi=110)
+    plt.close(fig)
+    return "das_iia.png"

@@ -40,8 +40,9 @@ from mecheval.evaluation.analysis import (
     key_grid,
     over_training_table,
 )
+from mecheval.evaluation.das_tables import KSTAR_SHARE, das_results, iia_table, k_star_table
 from mecheval.evaluation.findings import findings_table
-from mecheval.evaluation.plots import heatmap, over_training, value_vs_query
+from mecheval.evaluation.plots import heatmap, iia_vs_k, over_training, value_vs_query
 from mecheval.evaluation.study_numbers import at_study_scale, study_accuracy
 from mecheval.interventions import MECHANISM_THRESHOLD, attrib
 from mecheval.io import atomic_write_parquet
@@ -210,6 +211,8 @@ class _Tables:
     over: pd.DataFrame  # read-outs over training
     formation: pd.DataFrame
     distance: pd.DataFrame
+    iia: pd.DataFrame  # DAS: IIA against k
+    k_star: pd.DataFrame  # DAS: the smallest sufficient k
 
     def stored(self) -> dict[str, pd.DataFrame]:
         """The tables the report folder keeps as Parquet, by name."""
@@ -218,6 +221,8 @@ class _Tables:
             "findings": self.findings,
             "over_training": self.over,
             "distance": self.distance,
+            "das_iia": self.iia,
+            "das_k_star": self.k_star,
             "run_folders": self.folders,
         }
 
@@ -231,6 +236,7 @@ def _tables(path: Path) -> _Tables:
     best = best_runs(results)
     evidence = evidence_table(best, results)
     over = over_training_table(best)
+    das = das_results(results)
     return _Tables(
         folders=folders,
         results=results,
@@ -240,6 +246,8 @@ def _tables(path: Path) -> _Tables:
         over=over,
         formation=formation_steps(over),
         distance=distance_table(best),
+        iia=iia_table(das) if len(das) else pd.DataFrame(),
+        k_star=k_star_table(das) if len(das) else pd.DataFrame(),
     )
 
 
@@ -280,6 +288,13 @@ def _sections(t: _Tables) -> list[tuple[str, str, pd.DataFrame]]:
         "incomplete (no result yet: running or stopped) or unreadable; `evaluated`: the "
         "checkpoint step its evaluation patched."
     )
+    k_star_note = (
+        "Distributed alignment search (`mecheval das`, docs/das.md): k* is the smallest number "
+        f"of dimensions whose swap reaches {KSTAR_SHARE:.0%} of the full swap's interchange "
+        "intervention accuracy (IIA, held-out documents); intervals: 95% bootstrap over "
+        "documents (and seeds), k* recomputed in each draw. IIA against k: das_iia.png and "
+        "das_iia.parquet."
+    )
     return [
         ("Findings", _findings_note(t), t.findings),
         ("Accuracy (best learning rate per architecture and width)", accuracy_note, accuracy),
@@ -300,6 +315,7 @@ def _sections(t: _Tables) -> list[tuple[str, str, pd.DataFrame]]:
             t.formation,
         ),
         ("Accuracy and read-outs by key-to-query distance", "", t.distance),
+        ("Where the association lives (DAS: k*)", k_star_note, t.k_star),
         ("Finished runs", "", t.results.drop(columns=["path", "evaluated", "task_label"])),
         ("Run folders", folders_note, t.folders.drop(columns=["path"])),
     ]
@@ -346,7 +362,11 @@ def build_report(path: str | Path, out: str | Path | None = None) -> Path:
         atomic_write_parquet(out / f"{name}.parquet", table)
     figures = [
         name
-        for name in (value_vs_query(tables.evidence, out), over_training(tables.over, out))
+        for name in (
+            value_vs_query(tables.evidence, out),
+            over_training(tables.over, out),
+            iia_vs_k(tables.iia, out),
+        )
         if name is not None
     ] + _heatmaps(tables.best, out)
     sections = _sections(tables)
@@ -358,6 +378,6 @@ def build_report(path: str | Path, out: str | Path | None = None) -> Path:
 
 
 def read_report_table(report: str | Path, name: str) -> pd.DataFrame:
-    """A table a report folder keeps (evidence, findings, over_training, distance,
-    run_folders)."""
+    """A table a report folder keeps (evidence, findings, over_training, distance, das_iia,
+    das_k_star, run_folders)."""
     return pd.read_parquet(Path(report) / f"{name}.parquet")

@@ -44,6 +44,8 @@ EXAMPLES = "examples.parquet"  # per evaluation document: positions, distance, c
 INTERVENTIONS_STAMP = "interventions.json"  # the evaluation's settings, documents, skips
 OVER_TRAINING = "readouts_over_training.parquet"  # the read-outs of every kept checkpoint
 OVER_TRAINING_STAMP = "readouts_over_training.json"
+DAS = "das.parquet"  # distributed alignment search: IIA per document, site, position and k
+DAS_STAMP = "das.json"  # its settings
 RESULT_KEYS = (
     "config",
     "steps",
@@ -244,10 +246,11 @@ def write_metrics_table(folder: Path, records: list[dict]) -> None:
 
 
 def read_table(folder: str | Path, name: str) -> pd.DataFrame:
-    """A table the run's evaluation wrote (INTERVENTIONS, EXAMPLES, OVER_TRAINING);
+    """A table the run's evaluation wrote (INTERVENTIONS, EXAMPLES, OVER_TRAINING, DAS);
     DamagedFileError names one that cannot be read, and how to write it anew."""
     folder = Path(folder)
-    fix = f"evaluate the run again: mecheval evaluate {folder} --force"
+    command = "das" if name == DAS else "evaluate"
+    fix = f"evaluate the run again: mecheval {command} {folder} --force"
     return read_parquet(folder / name, fix=fix)
 
 
@@ -256,8 +259,8 @@ def write_table(folder: Path, name: str, table: pd.DataFrame) -> None:
 
 
 def read_stamp(folder: Path, name: str) -> dict:
-    """A stamp of the run's evaluation (INTERVENTIONS_STAMP, OVER_TRAINING_STAMP): what its
-    tables were computed with. {} when missing or unreadable: the run is evaluated anew."""
+    """A stamp of the run's evaluation (INTERVENTIONS_STAMP, OVER_TRAINING_STAMP, DAS_STAMP):
+    what its tables were computed with. {} when missing or unreadable: the run is evaluated anew."""
     try:
         record = json.loads((folder / name).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
