@@ -39,6 +39,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.nn.utils import parametrizations
 from tqdm.auto import tqdm
 
@@ -186,19 +187,24 @@ def das(
     )
     with _frozen(model):
         groups = _groups(data, combos, settings.seed)
-        optimizer = torch.optim.Adam([p for g in groups for p in g.parameters()], lr=settings.lr)
-        order = _minibatches(train, settings)
-        steps = tqdm(range(settings.steps), disable=not progress, desc="DAS", unit="step")
-        for _ in steps:
-            docs = next(order)
-            optimizer.zero_grad(set_to_none=True)
-            for group in groups:
-                loss = group.loss(model, docs, query, target)
-                loss.backward()
-            optimizer.step()
+        learning = [group for group in groups if len(group.bases)]  # not the full swaps alone
+        if learning:
+            _train(model, learning, train, query, target, settings, progress)
         with torch.no_grad():
             parts = [group.evaluate(model, held, query, target) for group in groups]
     return pd.concat(parts, ignore_index=True)[list(COLUMNS)]
+
+
+def _train(model, groups, train, query, target, settings: DasSettings, progress: bool) -> None:
+    optimizer = torch.optim.Adam([p for g in groups for p in g.parameters()], lr=settings.lr)
+    order = _minibatches(train, settings)
+    steps = tqdm(range(settings.steps), disable=not progress, desc="DAS", unit="step")
+    for _ in steps:
+        docs = next(order)
+        optimizer.zero_grad(set_to_none=True)
+        for group in groups:
+            group.loss(model, docs, query, target).backward()
+        optimizer.step()
 
 
 def _prepare(model, batch, corrupted, sites, positions, dims, layers, settings):
@@ -340,11 +346,11 @@ class AnswerCrossEntropy(torch.autograd.Function):
         return total[:, 0].log() - chosen
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        p, weight, target = ctx.saved_tensors
-        p = p.clone()  # (a second backward through the same graph finds it as it was)
-        p[torch.arange(len(p), device=p.device), target] -= 1
-        return (p * grad[:, None]) @ weight, None, None
+        p, weight, target = ctx.saved_tensors  # p is turned into the gradient in place:
+        p[torch.arange(len(p), device=p.device), target] -= 1  # one backward per forward
+        return p.mul_(grad[:, None]) @ weight, None, None
 
 
 class _SiteGroup(nn.Module):
@@ -354,24 +360,29 @@ class _SiteGroup(nn.Module):
         super().__init__()
         self.data, self.combos = data, combos
         self.ks = sorted({c.k for c in combos})
-        self.bases = nn.ModuleDict(
+        self.bases = nn.ModuleDict(  # the full swap (k = width) has nothing to learn
             {
                 str(k): Bases(data.width, k, [c.seed(seed) for c in combos if c.k == k])
                 for k in self.ks
+                if k < data.width
             }
         )
 
-    def _patched(self, model, docs, query):
+    def _patched(self, model, docs, query, learning: bool = False):
         """The head input at the query of every (combination, document) row, k-group by
-        k-group in combination order, and the rows' documents. Rows run in buckets by resume
-        point, each from the base run's contexts there."""
+        k-group in combination order (`learning`: only those with a basis to learn), and the
+        rows' documents. Rows run in buckets by resume point, each from the base run's
+        contexts there."""
         data = self.data
         values, positions, rows, starts = [], [], [], []
         for k in self.ks:
+            if learning and k == data.width:
+                continue
             mine = [c for c in self.combos if c.k == k]
             base = torch.stack([data.base[c.label][docs] for c in mine])  # (m, docs, width)
             source = torch.stack([data.source[c.label][docs] for c in mine])
-            values.append(self.bases[str(k)].swap(base, source).flatten(0, 1))
+            swapped = source if k == data.width else self.bases[str(k)].swap(base, source)
+            values.append(swapped.flatten(0, 1))
             positions += [data.positions[c.label][docs] for c in mine]
             starts += [data.starts[c.label][docs] for c in mine]
             rows += [docs] * len(mine)
@@ -397,7 +408,7 @@ class _SiteGroup(nn.Module):
     def loss(self, model, docs, query, target) -> torch.Tensor:
         """The summed losses of the combinations: each the mean cross-entropy of the target
         answer over the documents."""
-        hidden, rows = self._patched(model, docs, query)
+        hidden, rows = self._patched(model, docs, query, learning=True)
         per_row = AnswerCrossEntropy.apply(hidden.float(), model.unembedding.float(), target[rows])
         return per_row.view(-1, len(docs)).mean(1).sum()
 

@@ -44,20 +44,25 @@ def das_loop(
         for name, mine in combos.items():
             site = data[name]
             for combo in mine:
-                bases = Bases(site.width, combo.k, [combo.seed(settings.seed)])
+                full = combo.k == site.width  # the full swap: nothing to learn
+                bases = None if full else Bases(site.width, combo.k, [combo.seed(settings.seed)])
                 run = _Run(model, site, combo.label, bases, base_tokens, query)
-                optimizer = torch.optim.Adam(bases.parameters(), lr=settings.lr)
-                order = _minibatches(train, settings)
-                for _ in range(settings.steps):
-                    docs = next(order)
-                    optimizer.zero_grad(set_to_none=True)
-                    logits = run(docs)
-                    F.cross_entropy(logits, target[docs]).backward()
-                    optimizer.step()
+                if not full:
+                    _train(run, bases, train, target, settings)
                 with torch.no_grad():
                     logits = run(held)
                 parts.append(_rows(site, combo, held, logits, target))
     return pd.concat(parts, ignore_index=True)[list(COLUMNS)]
+
+
+def _train(run, bases, train, target, settings: DasSettings) -> None:
+    optimizer = torch.optim.Adam(bases.parameters(), lr=settings.lr)
+    order = _minibatches(train, settings)
+    for _ in range(settings.steps):
+        docs = next(order)
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(run(docs), target[docs]).backward()
+        optimizer.step()
 
 
 class _Run:
@@ -67,6 +72,11 @@ class _Run:
         self.model, self.site, self.label, self.bases = model, site, label, bases
         self.base_tokens, self.query = base_tokens, query
 
+    def _swap(self, base: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        if self.bases is None:  # the full swap
+            return source
+        return self.bases.swap(base[None], source[None])[0]
+
     def __call__(self, docs: torch.Tensor) -> torch.Tensor:
         model, site = self.model, self.site
         where = site.positions[self.label][docs]
@@ -74,7 +84,7 @@ class _Run:
         rows = torch.arange(len(docs), device=docs.device)
         if site.ref.short == "state":  # no hook reaches inside a scan
             base = site.base[self.label][docs]
-            values = self.bases.swap(base[None], source[None])[0].view(len(docs), *site.shape)
+            values = self._swap(base, source).view(len(docs), *site.shape)
             with model.intervene(patches={site.ref.name: (where, values)}):
                 logits = model(self.base_tokens[docs])
         else:
@@ -82,7 +92,7 @@ class _Run:
             def swap(module, inputs, output):
                 patched = output.clone()
                 base = output[rows, where].float()
-                patched[rows, where] = self.bases.swap(base[None], source[None])[0].to(output)
+                patched[rows, where] = self._swap(base, source).to(output)
                 return patched
 
             handle = model.site(site.ref.name).register_forward_hook(swap)
