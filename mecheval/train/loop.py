@@ -262,7 +262,9 @@ def _run(configs: list[TrainConfig], folders: list[Path], task) -> list[Any]:
     extra = {"stack_size": len(runs)} if len(runs) > 1 else {}
     outcomes: list[Any] = []
     for k, r in enumerate(runs):
-        if r.error is not None:
+        if r.error is not None:  # recorded as a sweep records it, however it was started
+            error = f"{type(r.error).__name__}: {r.error}"
+            files.write_error(r.folder, {"status": "failed", "error": error, "traceback": ""})
             outcomes.append(r.error)
             continue
         step.write_to(k, r.model)

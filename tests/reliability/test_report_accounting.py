@@ -16,7 +16,7 @@ from mecheval.evaluation.evaluate import evaluate_run
 from mecheval.evaluation.report import build_report
 from mecheval.sweep.runner import run_one
 from mecheval.train.loop import train
-from tests.reliability.helpers import cli_line, tiny
+from tests.reliability.helpers import TINY, cli_line, tiny
 
 
 def _nan_loss_from(monkeypatch, first: int) -> None:
@@ -109,3 +109,17 @@ def test_a_truncated_interventions_table_stops_the_report_in_one_line(tmp_path, 
     evaluate_run(run, positions=["key"], corruptions=["key"])
     assert (build_report(run) / "report.md").exists()
     assert json.loads((run / "interventions.json").read_text())["documents"] == 32
+
+
+def test_a_run_trained_alone_that_diverged_is_reported_diverged(tmp_path, monkeypatch, capsys):
+    """`mecheval train` (no sweep) records its divergence in error.json as a sweep does, so
+    the run folder table says diverged, with the step, not incomplete."""
+    from mecheval.run_folder.status import status_table
+
+    run = tmp_path / "runs" / "diverged"
+    _nan_loss_from(monkeypatch, first=6)
+    steps = ["steps=8", "checkpoint_every=2", "log_every=2", "eval_every=4"]
+    code, line = cli_line(["train", "--out", str(run), *TINY, *steps], capsys)
+    assert code != 0 and "the loss was nan" in line
+    row = status_table(tmp_path / "runs").set_index("run").loc["diverged"]
+    assert row["status"] == "diverged" and row["step"] == 6
