@@ -40,7 +40,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
-from torch.nn.utils import parametrizations
 from tqdm.auto import tqdm
 
 from mecheval.interventions.grid import _base_run, hidden_at
@@ -110,21 +109,26 @@ class Combination:
 
 
 class Bases(nn.Module):
-    """The orthonormal (width, k) bases of several combinations of one site and one k, as one
-    orthogonally parametrised (n, width, k) weight (Householder), each initialised from its
-    combination's seed."""
+    """The orthonormal (width, k) bases of several combinations of one site and one k: R is the
+    Q factor of a free (width, k) matrix (its reduced QR), all n as one (n, width, k) parameter,
+    each initialised orthonormal from its combination's seed.
+
+    pyvene parametrises R by Householder reflections (torch's `orthogonal`); both reach every
+    orthonormal R, and the swap depends on R R^T alone, but QR and its gradient cost about a
+    tenth as much at the residual stream's width and a thousandth at a 2048-float recurrent
+    state (docs/das.md), so the trajectories differ from pyvene's, not what they can find."""
 
     def __init__(self, width: int, k: int, seeds: Sequence[int]) -> None:
         super().__init__()
-        weight = torch.empty(len(seeds), width, k)
+        free = torch.empty(len(seeds), width, k)
         for i, seed in enumerate(seeds):
-            nn.init.orthogonal_(weight[i], generator=torch.Generator().manual_seed(seed))
-        self.weight = nn.Parameter(weight)
-        # No trivialization: its base completes each R with draws from the global generator,
-        # which would make an R depend on what else trains with it.
-        parametrizations.orthogonal(
-            self, "weight", orthogonal_map="householder", use_trivialization=False
-        )
+            nn.init.orthogonal_(free[i], generator=torch.Generator().manual_seed(seed))
+        self.free = nn.Parameter(free)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """(n, width, k) the bases R, orthonormal columns."""
+        return torch.linalg.qr(self.free).Q
 
     def swap(self, base: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
         """base, source (n, rows, width) -> base + (source - base) R R^T, each of the n with its
