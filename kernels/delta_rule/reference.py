@@ -75,18 +75,8 @@ def gated_delta_rule_ref(
 
 
 def delta_rule_ref(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    use_qk_l2norm_in_kernel: bool = False,
-    states_at: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *args, **kwargs
 ) -> tuple[torch.Tensor, ...]:
-    """The delta rule: `gated_delta_rule_ref` with no gate (its arguments but g)."""
-    return gated_delta_rule_ref(
-        q, k, v, None, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-        states_at,
-    )  # fmt: skip
+    """The delta rule: `gated_delta_rule_ref` with no gate, on its arguments but g (scale,
+    initial_state, output_final_state, use_qk_l2norm_in_kernel, states_at)."""
+    return gated_delta_rule_ref(q, k, v, None, beta, *args, **kwargs)
