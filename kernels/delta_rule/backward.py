@@ -56,6 +56,8 @@ def chunk_state_bwd_kernel(
         t, mask_t, row_base = chunk_rows(b, h, c, T, H, C)
         mask_tv = mask_t[:, None] & mask_v[None, :]
         tl.store(dh_ptr + (bh64 * NT + c) * K * V + state_offs, dstate, mask=mask_kv)
+        if USE_G:
+            e, e_last, w, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
         qc = load_rows(q_ptr, row_base, mask_t, offs_k, mask_k, K)
         kc = load_rows(k_ptr, row_base, mask_t, offs_k, mask_k, K)
         do = load_rows(do_ptr, row_base, mask_t, offs_v, mask_v, V)
@@ -63,7 +65,6 @@ def chunk_state_bwd_kernel(
         a = tl.load(a_ptr + ((bh64 * NT + c) * C + offs_c[:, None]) * C + offs_c[None, :])
         kq = dot(kc, tl.trans(qc), IEEE, DT)  # kq[j, i] = k_j.q_i: (Q K^T)^T
         if USE_G:
-            e, e_last, w, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
             kq = kq * tl.trans(gamma)  # (tril(Q K^T) * Gamma)^T
             kw = kc.to(tl.float32) * w[:, None]
         else:
@@ -125,6 +126,8 @@ def chunk_grad_kernel(
     qc = load_rows(q_ptr, row_base, mask_t, offs_k, mask_k, K)
     kc = load_rows(k_ptr, row_base, mask_t, offs_k, mask_k, K)
     beta = tl.load(beta_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
+    if USE_G:
+        e, e_last, w, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
 
     # Pass 1 over V: the (C, C) products, dv, and beta's V-part (the last two do not depend on
     # the K block: the first K block writes them).
@@ -147,17 +150,17 @@ def chunk_grad_kernel(
         )
     rows = offs_c[:, None]
     cols = offs_c[None, :]
-    kb = kc.to(tl.float32) * beta[:, None]
     if USE_G:
-        e, e_last, w, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
         dqk = do_u * scale * gamma  # gradient of Q K^T (gamma is zero above the diagonal)
         dl = tl.where(rows > cols, -dr_u * gamma, 0.0)  # gradient of Kb K^T (strictly lower)
-        # The Gamma-dependent parts of G's gradient, this K block's share of Q K^T and K K^T.
-        dG = _row_minus_column(dqk * dot(qc, tl.trans(kc), IEEE, DT))
-        dG += _row_minus_column(dl * beta[:, None] * dot(kc, tl.trans(kc), IEEE, DT))
     else:
         dqk = tl.where(rows >= cols, do_u * scale, 0.0)  # gradient of tril(Q K^T)
         dl = tl.where(rows > cols, -dr_u, 0.0)  # gradient of tril(Kb K^T, -1)
+    kb = kc.to(tl.float32) * beta[:, None]
+    if USE_G:
+        # The Gamma-dependent parts of G's gradient, this K block's share of Q K^T and K K^T.
+        dG = _row_minus_column(dqk * dot(qc, tl.trans(kc), IEEE, DT))
+        dG += _row_minus_column(dl * beta[:, None] * dot(kc, tl.trans(kc), IEEE, DT))
     dq = dot(dqk, kc, IEEE, DT)
     dk = dot(tl.trans(dqk), qc, IEEE, DT) + dot(tl.trans(dl), kb, IEEE, DT)
     dkb = dot(dl, kc, IEEE, DT)  # gradient of Kb = diag(beta) K
@@ -191,6 +194,16 @@ def chunk_grad_kernel(
         dkb -= e[:, None] * dr_s
     dk += beta[:, None] * dkb
     dbeta = tl.sum(dkb * kc.to(tl.float32), axis=1) + tl.where(first_k, dbeta_v, 0.0)
+    if USE_G:
+        through_w = w * tl.sum(kc.to(tl.float32) * u_ds, axis=1)
+        dG += scale * e * tl.sum(qc.to(tl.float32) * do_s, axis=1)
+        dG -= e * tl.sum(kb * dr_s, axis=1) + through_w
+        # e_C and w's G_C: the chunk's last row (a padded one in a ragged chunk: G_C all the
+        # same).
+        last = e_last * tl.sum(s_ds, axis=0) + tl.sum(through_w, axis=0)
+        dG += tl.where(offs_c == C - 1, last, 0.0)
+        # G_i = g_1 + ... + g_i: dg_j = sum_{i >= j} dG_i, summed directly (no cancellation).
+        dg = tl.sum(tl.where(rows >= cols, dG[:, None], 0.0), axis=0)
     tl.store(
         dq_ptr + row_base[:, None] * K + offs_k[None, :],
         dq.to(dq_ptr.dtype.element_ty),
@@ -204,13 +217,4 @@ def chunk_grad_kernel(
     part = pid_k.to(tl.int64) * B * T * H
     tl.store(dbeta_part_ptr + part + row_base, dbeta, mask=mask_t)
     if USE_G:
-        through_w = w * tl.sum(kc.to(tl.float32) * u_ds, axis=1)
-        dG += scale * e * tl.sum(qc.to(tl.float32) * do_s, axis=1)
-        dG -= e * tl.sum(kb * dr_s, axis=1) + through_w
-        # e_C and w's G_C: the chunk's last row (a padded one in a ragged chunk: G_C all the
-        # same).
-        last = e_last * tl.sum(s_ds, axis=0) + tl.sum(through_w, axis=0)
-        dG += tl.where(offs_c == C - 1, last, 0.0)
-        # G_i = g_1 + ... + g_i: dg_j = sum_{i >= j} dG_i, summed directly (no cancellation).
-        dg = tl.sum(tl.where(rows >= cols, dG[:, None], 0.0), axis=0)
         tl.store(dg_part_ptr + part + row_base, dg, mask=mask_t)

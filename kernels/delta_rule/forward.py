@@ -51,6 +51,8 @@ def chunk_inverse_kernel(
         kc = load_rows(k_ptr, row_base, mask_t, offs_k, offs_k < K, K)
         gram += dot(kc, tl.trans(kc), IEEE, k_ptr.dtype.element_ty)
     beta = tl.load(beta_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
+    if USE_G:
+        _, _, _, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
 
     rows = offs_c[:, None]
     cols = offs_c[None, :]
@@ -58,7 +60,6 @@ def chunk_inverse_kernel(
     # L[i, j] = beta_i k_i.k_j (gated: times exp(G_i - G_j)), j < i
     lower = gram * beta[:, None]
     if USE_G:
-        _, _, _, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
         lower = lower * gamma
     lower = tl.where(rows > cols, lower, 0.0)
     same_block = (rows // SB) == (cols // SB)
@@ -99,13 +100,14 @@ def chunk_state_fwd_kernel(
     for c in range(NT):
         t, mask_t, row_base = chunk_rows(b, h, c, T, H, C)
         tl.store(h_ptr + (bh64 * NT + c) * K * V + state_offs, state, mask=mask_kv)
+        if USE_G:
+            e, e_last, w, _ = chunk_decays(g_ptr, row_base, mask_t, C)
         kc = load_rows(k_ptr, row_base, mask_t, offs_k, mask_k, K)
         vc = load_rows(v_ptr, row_base, mask_t, offs_v, mask_v, V).to(tl.float32)
         beta = tl.load(beta_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
         a = tl.load(a_ptr + ((bh64 * NT + c) * C + offs_c[:, None]) * C + offs_c[None, :])
         recalled = dot(kc, state, IEEE, DT)
         if USE_G:
-            e, e_last, w, _ = chunk_decays(g_ptr, row_base, mask_t, C)
             recalled = e[:, None] * recalled
         r = beta[:, None] * (vc - recalled)
         u = dot(a, r, IEEE, DT)
@@ -136,18 +138,19 @@ def chunk_output_kernel(
     t, mask_t, row_base = chunk_rows(b, h, pid_c, T, H, C)
     bh64 = bh.to(tl.int64)
     mask_tv = mask_t[:, None] & mask_v[None, :]
+    if USE_G:
+        e, _, _, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
     qc = load_rows(q_ptr, row_base, mask_t, offs_k, mask_k, K)
     kc = load_rows(k_ptr, row_base, mask_t, offs_k, mask_k, K)
     state = tl.load(h_ptr + (bh64 * NT + pid_c) * K * V + state_offs, mask=mask_kv, other=0.0)
     u = tl.load(u_ptr + (bh64 * T + t)[:, None] * V + offs_v[None, :], mask=mask_tv, other=0.0)
     qk = dot(qc, tl.trans(kc), IEEE, DT)
-    qs = dot(qc, state, IEEE, DT)
     if USE_G:
-        e, _, _, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
         qk = qk * gamma
-        qs = e[:, None] * qs
+        qs = e[:, None] * dot(qc, state, IEEE, DT)
     else:
         qk = tl.where(offs_c[:, None] >= offs_c[None, :], qk, 0.0)
+        qs = dot(qc, state, IEEE, DT)
     o = (qs + dot(qk, u, IEEE, DT)) * scale
     tl.store(
         o_ptr + row_base[:, None] * V + offs_v[None, :], o.to(o_ptr.dtype.element_ty), mask=mask_tv
