@@ -11,6 +11,8 @@ two apart (one sum per input, on CPU; on a GPU inputs always take the masking wa
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from kernels.delta_rule.op import DeltaArgs
@@ -20,12 +22,12 @@ def all_finite(args: DeltaArgs) -> bool:
     """Whether every input is known to be finite, so that `NonFinite`'s passes over them can
     be skipped: one sum per tensor, read on CPU only (on a GPU the read would be a sync, which
     a CUDA graph's capture refuses). A sum of finite values that overflows only sends them down
-    the exact, slower way."""
+    the exact, slower way. Each sum is read as it comes (stacking them first took twice as long
+    at a model's size)."""
     if args.q.device.type != "cpu":
         return False
-    tensors = [args.q, args.k, args.v, args.g, args.beta, args.initial_state]
-    sums = torch.stack([t.sum(dtype=torch.float32) for t in tensors if t is not None])
-    return bool(torch.isfinite(sums).all())
+    tensors = (args.q, args.k, args.v, args.g, args.beta, args.initial_state)
+    return all(math.isfinite(t.sum(dtype=torch.float32)) for t in tensors if t is not None)
 
 
 class AllFinite:
