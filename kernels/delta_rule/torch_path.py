@@ -169,9 +169,11 @@ def _run(args: DeltaArgs, save: bool = True) -> _Pass:
         eye + lower, eye.expand_as(lower), upper=False, unitriangular=True, out=a
     )
     e, w, last = (None, None, None) if decays is None else decays[:3]
-    w_k, w_v = a @ _decayed(kb, e), a @ (x.v * x.beta)
-    kw = _decayed(x.k, w)
     state = None if args.initial_state is None else args.initial_state.to(u.dtype)
+    w_v = a @ (x.v * x.beta)
+    # A (diag(e)) Kb is applied to a nonzero start state only: not at all in one chunk from zero.
+    w_k = None if state is None and u.shape[0] == 1 else a @ _decayed(kb, e)
+    kw = _decayed(x.k, w)
     starts = []
     for c in range(u.shape[0]):
         if save:
