@@ -8,9 +8,9 @@ custom ops to each implementation:
     backward(a: Args, grads, saved) -> one gradient per tensor field of Args (None: absent)
 
 where `grads` are the gradients of the differentiable outputs and `saved` the outputs kept for
-the backward. An op's implementations are modules of its package: `torch_path` (the PyTorch
-path) and `launch` (the Triton kernels' host code), imported on first use, so `triton` is
-imported only when it runs.
+the backward. An op's implementations are modules of the package it names (its own, or the
+one its family shares): `torch_path` (the PyTorch path) and `launch` (the Triton kernels' host
+code), imported on first use, so `triton` is imported only when it runs.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class Op:
     autograd glue between them.
 
     Args:
-        package: the op's package (its implementations are modules in it).
+        package: the package whose modules implement the op (`torch_path`, `launch`).
         public: the public function's name, which error messages start with.
         args: the op's `Args` named tuple; its annotations (torch.Tensor, torch.Tensor | None,
             bool, int, float, str) give the custom ops' schemas.
@@ -77,9 +77,13 @@ class Op:
         outputs: how many outputs the forward returns, of which the last `saved` are buffers
             for the backward (not differentiable).
         fold: how the op runs under `torch.vmap` (stacked models): see kernels.stacking.
+        name: the custom ops' name (`kernels::<name>_fwd`); None: the package's last part (ops
+            that share their implementations, as the delta-rule family's, name theirs apart).
     """
 
-    def __init__(self, package, public, args, first, validate, fake, outputs, saved, fold):
+    def __init__(
+        self, package, public, args, first, validate, fake, outputs, saved, fold, name=None
+    ):
         self.package, self.public, self.args, self.first = package, public, args, first
         self.validate, self.fake_forward, self.fold = validate, fake, fold
         self.outputs, self.saved = outputs, saved
@@ -88,7 +92,7 @@ class Op:
         self.tensors = [f for f in args._fields if hints[f] in (torch.Tensor, torch.Tensor | None)]
         grads = [f"Tensor? grad{i}" for i in range(outputs - saved)]
         kept = [f"Tensor saved{i}" for i in range(saved)]
-        name = f"kernels::{package.rsplit('.', 1)[-1]}"
+        name = f"kernels::{name or package.rsplit('.', 1)[-1]}"
         self._fwd = _custom_op(f"{name}_fwd", self._forward, self._fake_forward, fields, outputs)
         self._bwd = _custom_op(
             f"{name}_bwd",

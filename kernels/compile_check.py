@@ -2,11 +2,11 @@
 
 Triton's interpreter accepts code that a GPU compiler rejects, and says nothing about
 registers, spills or shared memory. This compiles every specialisation the host code launches
-(each op's `launch.hopper_specialisations()`, built from the same launch configurations the
-host code launches with) to a cubin with the ptxas that ships with Triton, and reports
-registers, spilled bytes, shared memory and wgmma instructions; a kernel over one block's
-shared-memory limit would fail to launch on the GPU, and a kernel that must not use wgmma (see
-Specialisation.allow_wgmma) fails the check if it does.
+(each op's `hopper_specialisations()` in its host code, see `SPECIALISATIONS`, built from the
+same launch configurations the host code launches with) to a cubin with the ptxas that ships
+with Triton, and reports registers, spilled bytes, shared memory and wgmma instructions; a
+kernel over one block's shared-memory limit would fail to launch on the GPU, and a kernel that
+must not use wgmma (see Specialisation.allow_wgmma) fails the check if it does.
 
     python -m kernels.compile_check [--ops short_conv selective_scan delta_rule gated_delta_rule]
 
@@ -31,7 +31,15 @@ from kernels._launch import Launch
 # Largest shared memory one block may use on sm_90 (H100/H200): 227 KiB.
 SM90_MAX_SHARED = 232448
 TRITON_DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-OPS = ("short_conv", "selective_scan", "delta_rule", "gated_delta_rule")
+# Each op's host-code module and the arguments of its `hopper_specialisations` (the gated delta
+# rule's kernels are the delta rule's, with the gate on).
+SPECIALISATIONS = {
+    "short_conv": ("kernels.short_conv.launch", {}),
+    "selective_scan": ("kernels.selective_scan.launch", {}),
+    "delta_rule": ("kernels.delta_rule.launch", {}),
+    "gated_delta_rule": ("kernels.delta_rule.launch", {"gated": True}),
+}
+OPS = tuple(SPECIALISATIONS)
 
 
 @dataclass(frozen=True)
@@ -147,8 +155,8 @@ def main() -> int:
         parser.error("unset TRITON_INTERPRET: the interpreter builds no compilable kernels")
     failures = 0
     for op in args.ops:
-        module = importlib.import_module(f"kernels.{op}.launch")
-        for spec in module.hopper_specialisations():
+        module, arguments = SPECIALISATIONS[op]
+        for spec in importlib.import_module(module).hopper_specialisations(**arguments):
             try:
                 compiled = compile_for_hopper(spec)
             except Exception as error:  # report every failure, not just the first

@@ -1,38 +1,17 @@
 """`chunk_delta_rule_at`: the delta rule at positions (states after steps, the output at one
-step per row, a patched state; kernels.scan_at says what each means), and what the gated delta
-rule's scan at positions shares with it (`scan_at`)."""
+step per row, a patched state; kernels.scan_at says what each means), and `scan_at`, the scan at
+positions of either op of the family (the gated delta rule's calls it too)."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 
 from kernels._op import Op, needs_grad
-from kernels.delta_rule.op import OP, checked, chunk_delta_rule
+from kernels.delta_rule.op import OP, DeltaArgs, checked, kernel_for
 from kernels.scan_at import ScanAt, patch_by_jump
 from kernels.validation import check_positions, check_state_patch, one_per_row
-
-
-class Family(NamedTuple):
-    """One op of the delta-rule family, as its scan at positions needs it.
-
-    Attributes:
-        op: the op (its Args start with its tensor inputs, q, k, v, [g,] beta).
-        public: the drop-in function (the per-step path calls it).
-        inputs: how many tensor inputs lead its Args (4 for the delta rule, 5 gated).
-        decays: the Args field of the log decays, or None.
-    """
-
-    op: Op
-    public: Callable
-    inputs: int
-    decays: str | None
-
-
-DELTA_RULE = Family(OP, chunk_delta_rule, 4, None)
 
 
 def chunk_delta_rule_at(
@@ -67,37 +46,38 @@ def chunk_delta_rule_at(
     scan plus the scan of its jump.
     """
     a, chosen = checked(
-        backend, q, k, v, beta, scale, initial_state, return_final_state, use_qk_l2norm_in_kernel
-    )
-    return scan_at(DELTA_RULE, a, chosen, states_at, out_at, state_patch)
+        OP, backend, q, k, v, None, beta, scale, initial_state, return_final_state,
+        use_qk_l2norm_in_kernel,
+    )  # fmt: skip
+    return scan_at(OP, a, chosen, states_at, out_at, state_patch)
 
 
-def scan_at(family: Family, a: tuple, backend: str, states_at, out_at, state_patch) -> ScanAt:
-    """The scan at positions of a delta-rule op on its validated Args `a` (q and k already
-    normalised; `a.output_final_state` says whether the final state is wanted)."""
+def scan_at(op: Op, a: DeltaArgs, backend: str, states_at, out_at, state_patch) -> ScanAt:
+    """The scan at positions of an op of the family on its validated arguments `a` (q and k
+    already normalised; `a.output_final_state` says whether the final state is wanted)."""
     batch, length, heads, K = a.q.shape
-    public, device = family.op.public, a.q.device
+    public, device = op.public, a.q.device
     read = None if states_at is None else check_positions(public, states_at, batch, length, device)
     one = None if out_at is None else one_per_row(public, "out_at", out_at, batch, length, device)
-    run = functools.partial(_unpatched, family, a, backend)
+    run = functools.partial(_unpatched, op, a, backend)
     if state_patch is None:
         return run(read, one, a.output_final_state)
     shape = (batch, heads, K, a.v.shape[-1])
     positions, values = check_state_patch(public, state_patch, shape, length, device)
-    jump = functools.partial(_jump, family, a, backend)
+    jump = functools.partial(_jump, op, a, backend)
     return patch_by_jump(
         run, jump, positions, values, read, one, a.output_final_state, length, time_dim=1
     )
 
 
-def _unpatched(family: Family, a: tuple, backend: str, read, one, final: bool) -> ScanAt:
+def _unpatched(op: Op, a: DeltaArgs, backend: str, read, one, final: bool) -> ScanAt:
     """The scan at steps `read` (B, P) and `one` (B,) (each None when not asked for)."""
     a = a._replace(output_final_state=final)
-    op, torch_path = family.op, family.op.implementation("torch")
+    torch_path = op.implementation("torch")
     rows = torch.arange(a.q.shape[0], device=a.q.device)
     states = None
     if read is not None and needs_grad(a):
-        o, last, states = _states_by_steps(family, a, backend)
+        o, last, states = _states_by_steps(op, a, backend)
         states = states[rows[:, None], read]
     elif read is not None:
         o, last, states = torch_path.forward_states_at(a, read)
@@ -113,28 +93,30 @@ def _unpatched(family: Family, a: tuple, backend: str, read, one, final: bool) -
     return ScanAt(o, last if final else None, states)
 
 
-def _jump(family: Family, a: tuple, backend: str, start, after, read, one, final) -> ScanAt:
+def _jump(op: Op, a: DeltaArgs, backend: str, start, after, read, one, final) -> ScanAt:
     """The scan with no values (v = 0) from state `start`, holding still wherever `after` is
     False: no writes there (beta = 0) and, gated, no decay (g = 0)."""
     mask = after[..., None]  # (B, T, 1) over the heads
     fields = dict(v=torch.zeros_like(a.v), beta=a.beta * mask, initial_state=start)
-    if family.decays is not None:
-        fields[family.decays] = getattr(a, family.decays) * mask
-    return _unpatched(family, a._replace(**fields), backend, read, one, final)
+    if a.g is not None:
+        fields["g"] = a.g * mask
+    return _unpatched(op, a._replace(**fields), backend, read, one, final)
 
 
-def _states_by_steps(family: Family, a: tuple, backend: str) -> tuple:
+def _states_by_steps(op: Op, a: DeltaArgs, backend: str) -> tuple:
     """(o, final, states (B, T, H, K, V)) with gradients: one call per step, each from the
-    state the previous one left (q and k are already normalised)."""
+    state the previous one left (a's inputs are validated and q, k already normalised)."""
     outs, states, state = [], [], a.initial_state
+    kernel = kernel_for(backend, 1, gated=a.g is not None)
+    timed = {f: getattr(a, f) for f in ("q", "k", "v", "g", "beta") if getattr(a, f) is not None}
     for t in range(a.q.shape[1]):
-        o, state = family.public(
-            *(x[:, t : t + 1] for x in a[: family.inputs]),
-            scale=a.scale,
+        step = a._replace(
+            **{f: x[:, t : t + 1] for f, x in timed.items()},
             initial_state=state,
             output_final_state=True,
-            backend=backend,
+            kernel=kernel,
         )
+        o, state, *_ = op(step, backend)
         outs.append(o)
         states.append(state)
     return torch.cat(outs, dim=1), state, torch.stack(states, dim=1)

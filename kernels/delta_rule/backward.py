@@ -1,14 +1,24 @@
-"""Triton kernels of the delta rule's chunked backward (notation in common.py), two launches,
-recomputing nothing per step (only chunk-boundary states are kept): with dS' the gradient of a
-chunk's end state,
+"""Triton kernels of the delta-rule family's chunked backward (notation in common.py), two
+launches, recomputing nothing per step (only chunk-boundary states are kept); USE_G
+(compile-time) switches the gate on. With dS' the gradient of a chunk's end state,
 
     dU = K dS' + scale * tril(Q K^T)^T dO ;  dR = A^T dU           (dR: gradient of beta V - Kb S)
     dS = dS' + scale * Q^T dO - Kb^T dR                            (the start state's gradient)
 
+and, gated,
+
+    dU = diag(w) K dS' + scale * (tril(Q K^T) * Gamma)^T dO ;  dR = A^T dU
+    dS = e_C dS' + scale * Q^T diag(e) dO - Kb^T diag(e) dR
+
   `chunk_state_bwd_kernel`  grid (V blocks, B*H): the reverse pass over chunks for dS, dR.
-  `chunk_grad_kernel`  grid (K blocks, chunks, B*H): dq, dk, dv, dbeta of a chunk, summing
-      over V inside the program; dbeta's sum over K is finished on the host from per-K-block
-      partials (a fixed-order sum: no atomics anywhere, so gradients are bitwise reproducible).
+  `chunk_grad_kernel`  grid (K blocks, chunks, B*H): dq, dk, dv, dbeta (and dg) of a chunk,
+      summing over V inside the program. The gradient of each G_i (through e, w, e_C and the
+      Gamma factors of both triangular matrices) is a sum over K too, so the program writes
+      its K block's part, already turned into g's gradient (a reverse cumulative sum over the
+      chunk, which is linear); dbeta's and dg's sums over K blocks are finished on the host in
+      a fixed order (no atomics anywhere: gradients are bitwise reproducible).
+
+Without the gate, g_ptr and dg_part_ptr are never touched (any pointers will do).
 """
 
 from __future__ import annotations
@@ -16,15 +26,23 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.delta_rule.common import chunk_rows, dot, dot_t, load_rows, load_state, state_tile
+from kernels.delta_rule.common import (
+    chunk_decays,
+    chunk_rows,
+    dot,
+    dot_t,
+    load_rows,
+    load_state,
+    state_tile,
+)
 
 
 @triton.jit
 def chunk_state_bwd_kernel(
-    q_ptr, k_ptr, beta_ptr, a_ptr, do_ptr, dfinal_ptr, dh_ptr, dr_ptr, dinit_ptr,
+    q_ptr, k_ptr, g_ptr, beta_ptr, a_ptr, do_ptr, dfinal_ptr, dh_ptr, dr_ptr, dinit_ptr,
     scale, T, H, K, V, NT,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_DFINAL: tl.constexpr, STORE_DINIT: tl.constexpr, IEEE: tl.constexpr,
+    HAS_DFINAL: tl.constexpr, STORE_DINIT: tl.constexpr, USE_G: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
@@ -38,19 +56,30 @@ def chunk_state_bwd_kernel(
         t, mask_t, row_base = chunk_rows(b, h, c, T, H, C)
         mask_tv = mask_t[:, None] & mask_v[None, :]
         tl.store(dh_ptr + (bh64 * NT + c) * K * V + state_offs, dstate, mask=mask_kv)
+        if USE_G:
+            e, e_last, w, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
         qc = load_rows(q_ptr, row_base, mask_t, offs_k, mask_k, K)
         kc = load_rows(k_ptr, row_base, mask_t, offs_k, mask_k, K)
         do = load_rows(do_ptr, row_base, mask_t, offs_v, mask_v, V)
         beta = tl.load(beta_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
         a = tl.load(a_ptr + ((bh64 * NT + c) * C + offs_c[:, None]) * C + offs_c[None, :])
         kq = dot(kc, tl.trans(qc), IEEE, DT)  # kq[j, i] = k_j.q_i: (Q K^T)^T
-        kq = tl.where(offs_c[:, None] <= offs_c[None, :], kq, 0.0)
-        du = dot(kc, dstate, IEEE, DT) + scale * dot(kq, do, IEEE, DT)
+        if USE_G:
+            kq = kq * tl.trans(gamma)  # (tril(Q K^T) * Gamma)^T
+            kw = kc.to(tl.float32) * w[:, None]
+        else:
+            kq = tl.where(offs_c[:, None] <= offs_c[None, :], kq, 0.0)
+            kw = kc
+        du = dot(kw, dstate, IEEE, DT) + scale * dot(kq, do, IEEE, DT)
         dr = dot(tl.trans(a), du, IEEE, DT)
         tl.store(dr_ptr + (bh64 * T + t)[:, None] * V + offs_v[None, :], dr, mask=mask_tv)
-        # Kb^T dR = K^T (diag(beta) dR): scale the narrower tile.
-        dstate += scale * dot_t(qc, do, IEEE, DT)
-        dstate -= dot_t(kc, beta[:, None] * dr, IEEE, DT)
+        # Q^T diag(e) dO and Kb^T diag(e) dR = K^T (diag(beta e) dR): scale the narrower tiles.
+        if USE_G:
+            dstate = e_last * dstate + scale * dot_t(qc, e[:, None] * do, IEEE, DT)
+            dstate -= dot_t(kc, (beta * e)[:, None] * dr, IEEE, DT)
+        else:
+            dstate += scale * dot_t(qc, do, IEEE, DT)
+            dstate -= dot_t(kc, beta[:, None] * dr, IEEE, DT)
     if STORE_DINIT:
         tl.store(dinit_ptr + bh64 * K * V + state_offs, dstate, mask=mask_kv)
 
@@ -70,10 +99,17 @@ def _rows_at(do_ptr, u_ptr, dr_ptr, row_base, bh64, t, mask_t, v0, T, V, BV: tl.
 
 
 @triton.jit
+def _row_minus_column(x):
+    """The gradient of each G_i from a matrix of gradient-times-value entries that depend on
+    G_i - G_j (see torch_path._row_minus_column)."""
+    return tl.sum(x, axis=1) - tl.sum(x, axis=0)
+
+
+@triton.jit
 def chunk_grad_kernel(
-    q_ptr, k_ptr, v_ptr, beta_ptr, h_ptr, dh_ptr, u_ptr, dr_ptr, do_ptr,
-    dq_ptr, dk_ptr, dv_ptr, dbeta_part_ptr, scale, B, T, H, K, V, NT,
-    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IEEE: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, h_ptr, dh_ptr, u_ptr, dr_ptr, do_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dbeta_part_ptr, dg_part_ptr, scale, B, T, H, K, V, NT,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     pid_k = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -90,6 +126,8 @@ def chunk_grad_kernel(
     qc = load_rows(q_ptr, row_base, mask_t, offs_k, mask_k, K)
     kc = load_rows(k_ptr, row_base, mask_t, offs_k, mask_k, K)
     beta = tl.load(beta_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
+    if USE_G:
+        e, e_last, w, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
 
     # Pass 1 over V: the (C, C) products, dv, and beta's V-part (the last two do not depend on
     # the K block: the first K block writes them).
@@ -112,13 +150,27 @@ def chunk_grad_kernel(
         )
     rows = offs_c[:, None]
     cols = offs_c[None, :]
-    dqk = tl.where(rows >= cols, do_u * scale, 0.0)  # gradient of tril(Q K^T)
-    dl = tl.where(rows > cols, -dr_u, 0.0)  # gradient of tril(Kb K^T, -1)
+    if USE_G:
+        dqk = do_u * scale * gamma  # gradient of Q K^T (gamma is zero above the diagonal)
+        dl = tl.where(rows > cols, -dr_u * gamma, 0.0)  # gradient of Kb K^T (strictly lower)
+    else:
+        dqk = tl.where(rows >= cols, do_u * scale, 0.0)  # gradient of tril(Q K^T)
+        dl = tl.where(rows > cols, -dr_u, 0.0)  # gradient of tril(Kb K^T, -1)
     kb = kc.to(tl.float32) * beta[:, None]
+    if USE_G:
+        # The Gamma-dependent parts of G's gradient, this K block's share of Q K^T and K K^T.
+        dG = _row_minus_column(dqk * dot(qc, tl.trans(kc), IEEE, DT))
+        dG += _row_minus_column(dl * beta[:, None] * dot(kc, tl.trans(kc), IEEE, DT))
     dq = dot(dqk, kc, IEEE, DT)
     dk = dot(tl.trans(dqk), qc, IEEE, DT) + dot(tl.trans(dl), kb, IEEE, DT)
     dkb = dot(dl, kc, IEEE, DT)  # gradient of Kb = diag(beta) K
-    # Pass 2 over V: the terms through the chunk's start state and its gradient.
+    # Pass 2 over V: the terms through the chunk's start state and its gradient (gated: summed
+    # over V first, then scaled by the decays).
+    if USE_G:
+        do_s = tl.zeros((C, BK), dtype=tl.float32)  # dO S^T
+        dr_s = tl.zeros((C, BK), dtype=tl.float32)  # dR S^T
+        u_ds = tl.zeros((C, BK), dtype=tl.float32)  # U dS'^T
+        s_ds = tl.zeros((BK,), dtype=tl.float32)  # <S, dS'> per key row
     for v0 in range(0, V, BV):
         offs_v, mask_v, mask_tv, do, u, dr = _rows_at(
             do_ptr, u_ptr, dr_ptr, row_base, bh64, t, mask_t, v0, T, V, BV
@@ -127,11 +179,31 @@ def chunk_grad_kernel(
         mask_kv = mask_k[:, None] & mask_v[None, :]
         state = tl.load(h_ptr + state_base + kv_offs, mask=mask_kv, other=0.0)
         dstate = tl.load(dh_ptr + state_base + kv_offs, mask=mask_kv, other=0.0)
-        dq += scale * dot(do, tl.trans(state), IEEE, DT)
-        dk += dot(u, tl.trans(dstate), IEEE, DT)
-        dkb -= dot(dr, tl.trans(state), IEEE, DT)
+        if USE_G:
+            do_s += dot(do, tl.trans(state), IEEE, DT)
+            dr_s += dot(dr, tl.trans(state), IEEE, DT)
+            u_ds += dot(u, tl.trans(dstate), IEEE, DT)
+            s_ds += tl.sum(state * dstate, axis=1)
+        else:
+            dq += scale * dot(do, tl.trans(state), IEEE, DT)
+            dk += dot(u, tl.trans(dstate), IEEE, DT)
+            dkb -= dot(dr, tl.trans(state), IEEE, DT)
+    if USE_G:
+        dq += scale * e[:, None] * do_s
+        dk += w[:, None] * u_ds
+        dkb -= e[:, None] * dr_s
     dk += beta[:, None] * dkb
     dbeta = tl.sum(dkb * kc.to(tl.float32), axis=1) + tl.where(first_k, dbeta_v, 0.0)
+    if USE_G:
+        through_w = w * tl.sum(kc.to(tl.float32) * u_ds, axis=1)
+        dG += scale * e * tl.sum(qc.to(tl.float32) * do_s, axis=1)
+        dG -= e * tl.sum(kb * dr_s, axis=1) + through_w
+        # e_C and w's G_C: the chunk's last row (a padded one in a ragged chunk: G_C all the
+        # same).
+        last = e_last * tl.sum(s_ds, axis=0) + tl.sum(through_w, axis=0)
+        dG += tl.where(offs_c == C - 1, last, 0.0)
+        # G_i = g_1 + ... + g_i: dg_j = sum_{i >= j} dG_i, summed directly (no cancellation).
+        dg = tl.sum(tl.where(rows >= cols, dG[:, None], 0.0), axis=0)
     tl.store(
         dq_ptr + row_base[:, None] * K + offs_k[None, :],
         dq.to(dq_ptr.dtype.element_ty),
@@ -144,3 +216,5 @@ def chunk_grad_kernel(
     )
     part = pid_k.to(tl.int64) * B * T * H
     tl.store(dbeta_part_ptr + part + row_base, dbeta, mask=mask_t)
+    if USE_G:
+        tl.store(dg_part_ptr + part + row_base, dg, mask=mask_t)

@@ -1,5 +1,6 @@
-"""What the delta rule's Triton kernels share: the chunk size, the products, and the index
-arithmetic of the (B, T, H, .) inputs and of the (B * H, K, V) state tiles.
+"""What the delta-rule family's Triton kernels share: the chunk size, the products, the index
+arithmetic of the (B, T, H, .) inputs and of the (B * H, K, V) state tiles, and the gate's
+in-chunk decays.
 
 Notation per batch row and head (see reference.py): state S (K, V); a chunk is C consecutive
 steps with rows Q, K (C, K), V (C, V), beta (C); Kb = diag(beta) K. Within a chunk the steps
@@ -9,6 +10,21 @@ unroll to the WY form
     U = A (diag(beta) V - Kb S)            the chunk's u_t rows
     O = scale * (Q S + tril(Q K^T) U)      (tril keeps the diagonal: o_t reads S_t)
     S' = S + K^T U
+
+With the gate (the gated delta rule, the kernels' USE_G flag), from the chunk's log decays g (C,)
+(zero on padded steps): e_i = exp(G_i) with G_i = g_1 + ... + g_i, e_C = exp(G_C), and the
+segment sums D[i, j] = g_{j+1} + ... + g_i, which give Gamma[i, j] = exp(D[i, j]) for j <= i and
+w_j = exp(D[C, j]) = exp(G_C - G_j); then
+
+    A = (I + tril(Kb K^T, -1) * Gamma)^{-1}
+    U = A (diag(beta) V - diag(e) Kb S)
+    O = scale * (diag(e) Q S + (tril(Q K^T) * Gamma) U)
+    S' = e_C S + (diag(w) K)^T U
+
+The segment sums are summed directly (a masked cumulative sum per column), never formed as
+G_i - G_j: with large decays (|G| ~ 1e4) that difference loses every digit float32 has, while
+the sums of same-sign terms stay accurate; and no exp of a positive number is ever taken when
+g <= 0. The kernels recompute the decays from g where they need them (a (C, C) cumulative sum).
 
 Precision: states and accumulators in float32; with float32 inputs every tl.dot runs in IEEE
 float32, with float16/bfloat16 inputs tl.dot takes half-precision operands and accumulates in
@@ -105,3 +121,19 @@ def load_state(
     else:
         state = tl.zeros((BK, BV), dtype=tl.float32)
     return state
+
+
+@triton.jit
+def chunk_decays(g_ptr, row_base, mask_t, C: tl.constexpr):
+    """The decays of the chunk whose (B, T, H) rows are row_base: (e (C,), e_C (scalar), w (C,),
+    Gamma (C, C), zero above the diagonal), float32. The kernels form them before they load the
+    chunk's rows: formed after, the sm_90 compile of the state kernels spills several times
+    more at K = V = 256 in fp32 (kernels.compile_check)."""
+    g = tl.load(g_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
+    offs = tl.arange(0, C)
+    rows = offs[:, None]
+    cols = offs[None, :]
+    seg = tl.cumsum(tl.where(rows > cols, g[:, None], 0.0), 0)  # D[i, j]
+    w = tl.exp(tl.sum(tl.where(rows == C - 1, seg, 0.0), axis=0))
+    gamma = tl.where(rows >= cols, tl.exp(seg), 0.0)
+    return tl.exp(tl.cumsum(g, 0)), tl.exp(tl.sum(g, axis=0)), w, gamma

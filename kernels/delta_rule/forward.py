@@ -1,4 +1,6 @@
-"""Triton kernels of the delta rule's chunked forward (notation in common.py), three launches:
+"""Triton kernels of the delta-rule family's chunked forward (notation in common.py), three
+launches; USE_G (compile-time) switches the gate on (the gated delta rule), reading the log
+decays g and folding the decays into the products:
 
 `chunk_inverse_kernel`  grid (chunks, B*H): A for every chunk at once. The diagonal 16 x 16
     blocks of the triangular matrix are inverted by forward substitution (row i of every
@@ -12,6 +14,8 @@
     the state tile (K, BV) on chip; stores each chunk's start state and U rows (saved for the
     backward) and the final state. The state's value columns are independent, so V is split.
 `chunk_output_kernel`  grid (V blocks, chunks, B*H): O from the saved start states and U.
+
+Without the gate, g_ptr is never read (any pointer will do).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import triton
 import triton.language as tl
 
 from kernels.delta_rule.common import (
+    chunk_decays,
     chunk_rows,
     dot,
     dot_f32,
@@ -32,8 +37,8 @@ from kernels.delta_rule.common import (
 
 @triton.jit
 def chunk_inverse_kernel(
-    k_ptr, beta_ptr, a_ptr, T, H, K, NT,
-    C: tl.constexpr, SB: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+    k_ptr, g_ptr, beta_ptr, a_ptr, T, H, K, NT,
+    C: tl.constexpr, SB: tl.constexpr, BK: tl.constexpr, USE_G: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     pid_c = tl.program_id(0)
     bh = tl.program_id(1)
@@ -46,11 +51,17 @@ def chunk_inverse_kernel(
         kc = load_rows(k_ptr, row_base, mask_t, offs_k, offs_k < K, K)
         gram += dot(kc, tl.trans(kc), IEEE, k_ptr.dtype.element_ty)
     beta = tl.load(beta_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
+    if USE_G:
+        _, _, _, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
 
     rows = offs_c[:, None]
     cols = offs_c[None, :]
     eye = tl.where(rows == cols, 1.0, 0.0)
-    lower = tl.where(rows > cols, gram * beta[:, None], 0.0)  # L[i, j] = beta_i k_i.k_j, j < i
+    # L[i, j] = beta_i k_i.k_j (gated: times exp(G_i - G_j)), j < i
+    lower = gram * beta[:, None]
+    if USE_G:
+        lower = lower * gamma
+    lower = tl.where(rows > cols, lower, 0.0)
     same_block = (rows // SB) == (cols // SB)
     lower_d = tl.where(same_block, lower, 0.0)
     # Forward substitution inside every diagonal block at once: step i finalises row i of each
@@ -74,10 +85,10 @@ def chunk_inverse_kernel(
 
 @triton.jit
 def chunk_state_fwd_kernel(
-    k_ptr, v_ptr, beta_ptr, a_ptr, init_ptr, h_ptr, u_ptr, final_ptr,
+    k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, init_ptr, h_ptr, u_ptr, final_ptr,
     T, H, K, V, NT,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_INIT: tl.constexpr, STORE_FINAL: tl.constexpr, IEEE: tl.constexpr,
+    HAS_INIT: tl.constexpr, STORE_FINAL: tl.constexpr, USE_G: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
@@ -89,26 +100,34 @@ def chunk_state_fwd_kernel(
     for c in range(NT):
         t, mask_t, row_base = chunk_rows(b, h, c, T, H, C)
         tl.store(h_ptr + (bh64 * NT + c) * K * V + state_offs, state, mask=mask_kv)
+        if USE_G:
+            e, e_last, w, _ = chunk_decays(g_ptr, row_base, mask_t, C)
         kc = load_rows(k_ptr, row_base, mask_t, offs_k, mask_k, K)
         vc = load_rows(v_ptr, row_base, mask_t, offs_v, mask_v, V).to(tl.float32)
         beta = tl.load(beta_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
         a = tl.load(a_ptr + ((bh64 * NT + c) * C + offs_c[:, None]) * C + offs_c[None, :])
-        r = beta[:, None] * (vc - dot(kc, state, IEEE, DT))
+        recalled = dot(kc, state, IEEE, DT)
+        if USE_G:
+            recalled = e[:, None] * recalled
+        r = beta[:, None] * (vc - recalled)
         u = dot(a, r, IEEE, DT)
         tl.store(
             u_ptr + (bh64 * T + t)[:, None] * V + offs_v[None, :],
             u,
             mask=mask_t[:, None] & mask_v[None, :],
         )
-        state += dot_t(kc, u, IEEE, DT)
+        if USE_G:
+            state = e_last * state + dot_t(kc.to(tl.float32) * w[:, None], u, IEEE, DT)
+        else:
+            state += dot_t(kc, u, IEEE, DT)
     if STORE_FINAL:
         tl.store(final_ptr + bh64 * K * V + state_offs, state, mask=mask_kv)
 
 
 @triton.jit
 def chunk_output_kernel(
-    q_ptr, k_ptr, h_ptr, u_ptr, o_ptr, scale, T, H, K, V, NT,
-    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IEEE: tl.constexpr,
+    q_ptr, k_ptr, g_ptr, h_ptr, u_ptr, o_ptr, scale, T, H, K, V, NT,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     pid_c = tl.program_id(1)
     bh = tl.program_id(2)
@@ -119,13 +138,20 @@ def chunk_output_kernel(
     t, mask_t, row_base = chunk_rows(b, h, pid_c, T, H, C)
     bh64 = bh.to(tl.int64)
     mask_tv = mask_t[:, None] & mask_v[None, :]
+    if USE_G:
+        e, _, _, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
     qc = load_rows(q_ptr, row_base, mask_t, offs_k, mask_k, K)
     kc = load_rows(k_ptr, row_base, mask_t, offs_k, mask_k, K)
     state = tl.load(h_ptr + (bh64 * NT + pid_c) * K * V + state_offs, mask=mask_kv, other=0.0)
     u = tl.load(u_ptr + (bh64 * T + t)[:, None] * V + offs_v[None, :], mask=mask_tv, other=0.0)
     qk = dot(qc, tl.trans(kc), IEEE, DT)
-    qk = tl.where(offs_c[:, None] >= offs_c[None, :], qk, 0.0)
-    o = (dot(qc, state, IEEE, DT) + dot(qk, u, IEEE, DT)) * scale
+    if USE_G:
+        qk = qk * gamma
+        qs = e[:, None] * dot(qc, state, IEEE, DT)
+    else:
+        qk = tl.where(offs_c[:, None] >= offs_c[None, :], qk, 0.0)
+        qs = dot(qc, state, IEEE, DT)
+    o = (qs + dot(qk, u, IEEE, DT)) * scale
     tl.store(
         o_ptr + row_base[:, None] * V + offs_v[None, :], o.to(o_ptr.dtype.element_ty), mask=mask_tv
     )

@@ -1,5 +1,8 @@
-"""Host side of the delta rule's Triton kernels: block sizes, launches, saved buffers, the
-fixed-order reductions, and the launch configurations the Hopper compile check compiles.
+"""Host side of the delta-rule family's Triton kernels: block sizes, launches, saved buffers,
+the fixed-order reductions, and the launch configurations the Hopper compile check compiles.
+The gated delta rule runs the same chunked kernels with USE_G on (the gate adds a few (C,) and
+(C, C) float32 tiles, recomputed from g by every kernel that needs them); the recurrent kernels
+are the delta rule's alone.
 
 Every kernel reads only what earlier launches wrote (on one stream, so in order; the recurrent
 backward's two passes aside, see recurrent.py), and no two programs of a launch write the same
@@ -118,11 +121,15 @@ def empty_saved(
     return u, _empty(q, B, H, NT, K, V, dtype=f32), _empty(q, B, H, NT, CHUNK, CHUNK, dtype=a_dtype)
 
 
+def _contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.contiguous()
+
+
 def forward(a: DeltaArgs) -> tuple[torch.Tensor, ...]:
     """o (B, T, H, V) in q's dtype, the final state (B, H, K, V) float32 or None, and the
     buffers the backward needs (see `empty_saved`)."""
     q, k, v, beta = (t.contiguous() for t in (a.q, a.k, a.v, a.beta))
-    init = None if a.initial_state is None else a.initial_state.contiguous()
+    g, init = _contiguous(a.g), _contiguous(a.initial_state)
     B, T, H, K = q.shape
     V = v.shape[-1]
     o = _empty(q, B, T, H, V)
@@ -134,28 +141,30 @@ def forward(a: DeltaArgs) -> tuple[torch.Tensor, ...]:
     # Absent optional tensors: any valid pointer, never read (the flags are compile-time).
     init_arg = init if init is not None else o
     final_arg = final if final is not None else o
-    flags = dict(HAS_INIT=init is not None, STORE_FINAL=final is not None)
-    if a.kernel == "recurrent":
+    g_arg = g if g is not None else u
+    flags = dict(HAS_INIT=init is not None, STORE_FINAL=final is not None, USE_G=g is not None)
+    if a.kernel == "recurrent":  # the delta rule's alone (kernels.delta_rule.op.kernel_for)
         launch = recurrent_launches(K, V, B * H, **flags)["forward"]
         launch((triton.cdiv(V, launch.constants["BV"]), B * H),
                q, k, v, beta, init_arg, o, u, final_arg, a.scale, T, H, K, V)  # fmt: skip
         return o, final, *saved
     NT = triton.cdiv(T, CHUNK)
     launches = chunked_launches(K, V, q.dtype, B * H, **flags)
-    launches["inverse"]((NT, B * H), k, beta, A, T, H, K, NT)
+    launches["inverse"]((NT, B * H), k, g_arg, beta, A, T, H, K, NT)
     launch = launches["state_fwd"]
     launch((triton.cdiv(V, launch.constants["BV"]), B * H),
-           k, v, beta, A, init_arg, h, u, final_arg, T, H, K, V, NT)  # fmt: skip
+           k, v, g_arg, beta, A, init_arg, h, u, final_arg, T, H, K, V, NT)  # fmt: skip
     launch = launches["output"]
     launch((triton.cdiv(V, launch.constants["BV"]), NT, B * H),
-           q, k, h, u, o, a.scale, T, H, K, V, NT)  # fmt: skip
+           q, k, g_arg, h, u, o, a.scale, T, H, K, V, NT)  # fmt: skip
     return o, final, *saved
 
 
 def backward(a: DeltaArgs, grads: tuple, saved: tuple) -> list[torch.Tensor | None]:
-    """Gradients (dq, dk, dv, dbeta, dinitial_state), None for an absent initial_state."""
+    """Gradients (dq, dk, dv, dg, dbeta, dinitial_state), None for an absent g or
+    initial_state; dg and dbeta in float32."""
     q, k, v, beta, do = (t.contiguous() for t in (a.q, a.k, a.v, a.beta, grads[0]))
-    init = None if a.initial_state is None else a.initial_state.contiguous()
+    g, init = _contiguous(a.g), _contiguous(a.initial_state)
     dfinal = grads[1].contiguous() if a.output_final_state else None
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -164,11 +173,13 @@ def backward(a: DeltaArgs, grads: tuple, saved: tuple) -> list[torch.Tensor | No
     dv = torch.empty_like(v)
     dinit = None if init is None else _empty(q, B, H, K, V, dtype=f32)
     if B == 0:
-        return [torch.zeros_like(q), torch.zeros_like(k), dv, torch.zeros_like(beta), dinit]
+        zeros = torch.zeros_like
+        dg = None if g is None else zeros(g, dtype=f32)
+        return [zeros(q), zeros(k), dv, dg, zeros(beta, dtype=f32), dinit]
     dinit_arg = dinit if dinit is not None else dv
     dfinal_arg = dfinal if dfinal is not None else dv
     flags = dict(HAS_INIT=init is not None, HAS_DFINAL=dfinal is not None,
-                 STORE_DINIT=dinit is not None)  # fmt: skip
+                 STORE_DINIT=dinit is not None, USE_G=g is not None)  # fmt: skip
     if a.kernel == "recurrent":
         launch = recurrent_launches(K, V, B * H, **flags)["backward"]
         NV = triton.cdiv(V, launch.constants["BV"])
@@ -179,27 +190,34 @@ def backward(a: DeltaArgs, grads: tuple, saved: tuple) -> list[torch.Tensor | No
         launch((NV, B * H), q, k, v, beta, init if init is not None else dv, u, do, dfinal_arg,
                du, dq_part, dk_part, dv, dbeta_part, dinit_arg, a.scale, B, T, H, K, V)  # fmt: skip
         # Fixed-order sums over the V blocks: deterministic.
-        return [dq_part.sum(0), dk_part.sum(0), dv, dbeta_part.sum(0), dinit]
+        return [dq_part.sum(0), dk_part.sum(0), dv, None, dbeta_part.sum(0), dinit]
     NT = triton.cdiv(T, CHUNK)
     dh = torch.empty_like(h)
     dr = torch.empty_like(u)
     launches = chunked_launches(K, V, q.dtype, B * H, **flags)
+    g_arg = g if g is not None else u
     launch = launches["state_bwd"]
     launch((triton.cdiv(V, launch.constants["BV"]), B * H),
-           q, k, beta, A, do, dfinal_arg, dh, dr, dinit_arg, a.scale, T, H, K, V, NT)  # fmt: skip
+           q, k, g_arg, beta, A, do, dfinal_arg, dh, dr, dinit_arg, a.scale, T, H, K, V,
+           NT)  # fmt: skip
     launch = launches["grad"]
     NK = triton.cdiv(K, launch.constants["BK"])
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dbeta_part = _empty(q, NK, B, T, H, dtype=f32)
-    launch((NK, NT, B * H), q, k, v, beta, h, dh, u, dr, do, dq, dk, dv, dbeta_part, a.scale,
-           B, T, H, K, V, NT)  # fmt: skip
-    return [dq, dk, dv, dbeta_part.sum(0), dinit]  # a fixed-order sum over the K blocks
+    dg_part = None if g is None else _empty(q, NK, B, T, H, dtype=f32)
+    launch((NK, NT, B * H), q, k, v, g_arg, beta, h, dh, u, dr, do, dq, dk, dv, dbeta_part,
+           dbeta_part if dg_part is None else dg_part, a.scale, B, T, H, K, V, NT)  # fmt: skip
+    # Fixed-order sums over the K blocks: deterministic.
+    dg = None if dg_part is None else dg_part.sum(0)
+    return [dq, dk, dv, dg, dbeta_part.sum(0), dinit]
 
 
-# Pointers to float32 buffers whatever the input dtype (states, u rows, partial sums).
+# Pointers to float32 buffers whatever the input dtype (states, u rows, partial sums), and g,
+# which models compute in float32 (fla's layer does too) whatever the dtype of q, k, v.
 FLOAT32_POINTERS = frozenset(
     {
+        "g_ptr",
         "init_ptr",
         "final_ptr",
         "h_ptr",
@@ -212,28 +230,30 @@ FLOAT32_POINTERS = frozenset(
         "dq_part_ptr",
         "dk_part_ptr",
         "dbeta_part_ptr",
+        "dg_part_ptr",
     }
 )
 
 
-def hopper_specialisations() -> list:
+def hopper_specialisations(gated: bool = False) -> list:
     """The launch configurations to compile-check for sm_90 (see kernels.compile_check): every
-    kernel as the host code launches it, at the benchmark's head size in bf16, a padded head
+    kernel of the delta rule (or, `gated`, of the gated delta rule: the chunked ones with
+    USE_G) as the host code launches it, at the benchmark's head size in bf16, a padded head
     (K=100, V=36) in fp16 and the largest head in fp32 (the most shared memory). None may use
     wgmma (see common.CHUNK)."""
     from kernels.compile_check import Specialisation
 
-    flags = dict(HAS_INIT=True, STORE_FINAL=True, HAS_DFINAL=True, STORE_DINIT=True)
+    flags = dict(HAS_INIT=True, STORE_FINAL=True, HAS_DFINAL=True, STORE_DINIT=True, USE_G=gated)
     specs = []
     for K, V, dtype in (
         (128, 128, torch.bfloat16),
         (100, 36, torch.float16),
         (256, 256, torch.float32),
     ):
-        launches = {
-            **chunked_launches(K, V, dtype, 64, **flags),
-            **{f"recurrent_{n}": x for n, x in recurrent_launches(K, V, 64, **flags).items()},
-        }
+        launches = chunked_launches(K, V, dtype, 64, **flags)
+        if not gated:
+            recurrent = recurrent_launches(K, V, 64, **flags)
+            launches.update({f"recurrent_{n}": x for n, x in recurrent.items()})
         for launch in launches.values():
             specs.append(
                 Specialisation(

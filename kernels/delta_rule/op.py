@@ -1,15 +1,22 @@
-"""`chunk_delta_rule`: the public delta-rule op (validation and the call of its custom op; the
-scaffold is kernels._op).
+"""The delta-rule family's ops: `chunk_delta_rule` here, `chunk_gated_delta_rule` in
+kernels.gated_delta_rule, and what both share (their arguments, validation, the custom ops'
+fake and vmap rule, the call; the scaffold is kernels._op).
 
-On the Triton backend the sequence length picks the kernel: the fused recurrent kernel up to
-`RECURRENT_MAX_LEN` steps (short sequences, single-step decoding), the chunked kernels above
-it. The forward also returns what the backward needs from it (the chunks' start states, u rows
-and triangular inverses; the recurrent kernel keeps only the u rows), as outputs that the
-autograd glue keeps for the backward.
+The delta rule is the gated delta rule with no gate: both ops take one `DeltaArgs`, whose `g`
+is None for the delta rule, and run the same implementations (this package's torch_path and
+launch), each under its own custom ops (`kernels::delta_rule_fwd`, `kernels::gated_delta_rule_fwd`
+and their `_bwd`). The forward also returns what the backward needs from it (the chunks' start
+states, u rows and triangular inverses; the recurrent kernel keeps only the u rows), as outputs
+that the autograd glue keeps for the backward.
+
+On the Triton backend the sequence length picks the delta rule's kernel: the fused recurrent
+kernel up to `RECURRENT_MAX_LEN` steps (short sequences, single-step decoding), the chunked
+kernels above it. The gated delta rule runs the chunked kernels at every length.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -17,25 +24,30 @@ import torch
 
 from kernels._op import Op, compute_dtype
 from kernels.delta_rule.reference import l2_normalize
-from kernels.stacking import fold_into, unfold_from
+from kernels.stacking import fold_into, is_batched, unfold_from
 from kernels.validation import check_range, check_tensor, refuse_unsupported
 
 MAX_HEAD_DIM = 256
-# The Triton backend runs the fused recurrent kernel for T <= this, the chunked kernels above.
+# The Triton backend runs the delta rule's fused recurrent kernel for T <= this, the chunked
+# kernels above.
 RECURRENT_MAX_LEN = 64
 
 
-def kernel_for(backend: str, T: int) -> str:
-    """The kernel that runs T steps: "recurrent" or "chunked" (the PyTorch path is chunked)."""
-    return "recurrent" if backend == "triton" and T <= RECURRENT_MAX_LEN else "chunked"
+def kernel_for(backend: str, T: int, gated: bool = False) -> str:
+    """The kernel that runs T steps: "recurrent" or "chunked" (the PyTorch path is chunked; the
+    recurrent kernel has no gate)."""
+    recurrent = backend == "triton" and not gated and T <= RECURRENT_MAX_LEN
+    return "recurrent" if recurrent else "chunked"
 
 
 class DeltaArgs(NamedTuple):
-    """The custom op's inputs; `kernel`: "recurrent" or "chunked" (see `kernel_for`)."""
+    """The custom ops' inputs. `g`: the log decays (B, T, H), or None for the delta rule;
+    `kernel`: "recurrent" or "chunked" (see `kernel_for`)."""
 
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
+    g: torch.Tensor | None
     beta: torch.Tensor
     initial_state: torch.Tensor | None
     scale: float
@@ -43,8 +55,9 @@ class DeltaArgs(NamedTuple):
     kernel: str
 
 
-def _validate(dtypes, q, k, v, beta, scale, initial_state) -> None:
-    op = OP.public
+def _validate(op: str, dtypes, q, k, v, g, beta, scale, initial_state) -> None:
+    """Check the inputs' shapes and dtypes, and g's values (finite and <= 0; read on eager
+    calls, a device sync) when there is a g; `op` is the public function's name."""
     sizes: dict[str, int] = {}
     check_tensor(op, "q", q, "B T H K", sizes, dtypes)
     if sizes["T"] < 1:
@@ -55,6 +68,8 @@ def _validate(dtypes, q, k, v, beta, scale, initial_state) -> None:
     # q, k and v share one dtype (the kernels multiply them together in it).
     check_tensor(op, "k", k, "B T H K", sizes, (q.dtype,))
     check_tensor(op, "v", v, "B T H V", sizes, (q.dtype,))
+    if g is not None:
+        check_tensor(op, "g", g, "B T H", sizes, dtypes)
     check_tensor(op, "beta", beta, "B T H", sizes, dtypes)
     check_range(op, "head dimension V of v", sizes["V"], 1, MAX_HEAD_DIM)
     if initial_state is not None:
@@ -64,6 +79,23 @@ def _validate(dtypes, q, k, v, beta, scale, initial_state) -> None:
             raise TypeError(f"{op}: scale must be a float or None, got {type(scale).__name__}")
         if not math.isfinite(scale):
             raise ValueError(f"{op}: scale must be finite, got {scale}")
+    if g is not None:
+        _check_decays(op, g)
+
+
+def _check_decays(op: str, g: torch.Tensor) -> None:
+    # A NaN or infinite log decay poisons every later state (exp(-inf) * inf), and a positive
+    # one grows the memory without bound (exp of the chunk's summed decays overflows): refuse
+    # both by name. A data-dependent test, so eager calls only (torch.compile and vmap trace
+    # through here).
+    traced = torch.compiler.is_compiling() or is_batched(g) or g.device.type == "meta"
+    if not traced and g.numel() and not bool((torch.isfinite(g) & (g <= 0)).all()):
+        if not bool(torch.isfinite(g).all()):
+            raise ValueError(f"{op}: g (the log decays) must be finite, got inf or NaN values")
+        raise ValueError(
+            f"{op}: g (the log decays) must be <= 0, got positive values (largest "
+            f"{float(g.max()):.4g}); a model's g = -exp(A_log) * softplus(.) is"
+        )
 
 
 def _fake(a: DeltaArgs, backend: str) -> tuple:
@@ -71,36 +103,75 @@ def _fake(a: DeltaArgs, backend: str) -> tuple:
     final = None
     if a.output_final_state:
         final = a.q.new_empty(B, H, K, a.v.shape[-1], dtype=compute_dtype(a.q))
+    # Both ops' implementations are this package's modules.
     saved = OP.implementation(backend).empty_saved(a.q, a.v, a.kernel)
     return (a.q.new_empty(B, T, H, a.v.shape[-1]), final, *saved)
 
 
 def _fold(a: DeltaArgs, dims: DeltaArgs, m: int):
     """Stacked models (kernels.stacking): the model axis folds into the heads."""
+    heads = ("q", "k", "v", "g", "beta")
     folded = a._replace(
-        **{f: fold_into(getattr(a, f), getattr(dims, f), m, 2) for f in ("q", "k", "v", "beta")},
+        **{f: fold_into(getattr(a, f), getattr(dims, f), m, 2) for f in heads},
         initial_state=fold_into(a.initial_state, dims.initial_state, m, 1),
     )
     return folded, lambda i, t: unfold_from(t, m, 2 - i) if i < 2 else (t, None)
 
 
-OP = Op(
-    __package__, "chunk_delta_rule", DeltaArgs, "B T H K", _validate, _fake, 5, saved=3, fold=_fold
-)
+def family_op(public: str, name: str) -> Op:
+    """An op of the family: `public` is its function's name (errors start with it), `name`
+    its custom ops' (kernels::<name>_fwd, _bwd)."""
+    validate = functools.partial(_validate, public)
+    return Op(__package__, public, DeltaArgs, "B T H K", validate, _fake, 5, 3, _fold, name=name)
 
 
-def checked(backend, q, k, v, beta, scale, initial_state, output_final_state, l2norm):
+OP = family_op("chunk_delta_rule", "delta_rule")
+
+
+def checked(
+    op: Op, backend, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm
+) -> tuple[DeltaArgs, str]:
     """(the validated arguments as DeltaArgs, q and k normalised if asked, the backend that
-    runs them)."""
-    chosen = OP.check(backend, q=q, k=k, v=v, beta=beta, scale=scale, initial_state=initial_state)
+    runs them); g None for the delta rule."""
+    chosen = op.check(
+        backend, q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state
+    )
     T, K = q.shape[1], q.shape[3]
     scale = K**-0.5 if scale is None else float(scale)
     if l2norm:
         compute = compute_dtype(q)
         q = l2_normalize(q.to(compute)).to(q.dtype)
         k = l2_normalize(k.to(compute)).to(k.dtype)
-    kernel = kernel_for(chosen, T)
-    return DeltaArgs(q, k, v, beta, initial_state, scale, bool(output_final_state), kernel), chosen
+    kernel = kernel_for(chosen, T, gated=g is not None)
+    final = bool(output_final_state)
+    return DeltaArgs(q, k, v, g, beta, initial_state, scale, final, kernel), chosen
+
+
+def run(
+    op: Op,
+    backend: str | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    beta: torch.Tensor,
+    scale: float | None,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    l2norm: bool,
+    cu_seqlens: torch.Tensor | None,
+    head_first: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A drop-in call of `op` on its public function's arguments (g None for the delta rule):
+    (o, the final state or None)."""
+    refuse_unsupported(op.public, cu_seqlens=(cu_seqlens, None), head_first=(head_first, False))
+    a, chosen = checked(
+        op, backend, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm
+    )
+    if chosen == "torch" and op.runs_plain(a):  # no backward: no saved buffers
+        return op.implementation("torch").forward_inference(a)
+    o, final, *_ = op(a, chosen)
+    return o, (final if output_final_state else None)
 
 
 def chunk_delta_rule(
@@ -142,11 +213,5 @@ def chunk_delta_rule(
         float64 inputs) or None). States after given steps, the output at one step, a patched
         state: `kernels.chunk_delta_rule_at`.
     """
-    refuse_unsupported(OP.public, cu_seqlens=(cu_seqlens, None), head_first=(head_first, False))
-    a, chosen = checked(
-        backend, q, k, v, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel
-    )
-    if chosen == "torch" and OP.runs_plain(a):  # no backward: no saved buffers
-        return OP.implementation("torch").forward_inference(a)
-    o, final, *_ = OP(a, chosen)
-    return o, (final if output_final_state else None)
+    return run(OP, backend, q, k, v, None, beta, scale, initial_state, output_final_state,
+               use_qk_l2norm_in_kernel, cu_seqlens, head_first)  # fmt: skip

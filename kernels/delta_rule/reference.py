@@ -1,12 +1,16 @@
-"""The delta rule (DeltaNet) written for clarity, as its per-step recurrence: the test oracle.
+"""The delta-rule family written for clarity, as its per-step recurrence: the test oracle of the
+delta rule (DeltaNet) and of the gated delta rule (Gated DeltaNet, Yang et al. 2024; fla's
+`chunk_gated_delta_rule` computes the same).
 
-Per batch row and head, with a (K, V) matrix memory S:
+Per batch row and head, with a (K, V) matrix memory S and g_t the log decay of step t:
 
-    u_t = beta_t * (v_t - S_{t-1}^T k_t)     # the error between the value and what S recalls
-    S_t = S_{t-1} + k_t u_t^T                # write the correction under key k_t
-    o_t = S_t^T (scale * q_t)                # read with the query, after the write
+    S'_{t-1} = exp(g_t) S_{t-1}                # forget: decay the whole memory (gated only)
+    u_t = beta_t * (v_t - S'_{t-1}^T k_t)      # the error between the value and what S' recalls
+    S_t = S'_{t-1} + k_t u_t^T                 # write the correction under key k_t
+    o_t = S_t^T (scale * q_t)                  # read with the query, after the write
 
-S_0 is `initial_state` (or zero); scale defaults to K ** -0.5.
+S_0 is `initial_state` (or zero); scale defaults to K ** -0.5. The delta rule is the gated delta
+rule with no gate (g = None: S'_{t-1} = S_{t-1}).
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ def l2_normalize(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + L2NORM_EPS)
 
 
-def delta_rule_ref(
+def gated_delta_rule_ref(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    g: torch.Tensor | None,
     beta: torch.Tensor,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
@@ -32,7 +37,8 @@ def delta_rule_ref(
     use_qk_l2norm_in_kernel: bool = False,
     states_at: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """q, k (B, T, H, K); v (B, T, H, V); beta (B, T, H); initial_state (B, H, K, V).
+    """q, k (B, T, H, K); v (B, T, H, V); g (the log decays, or None: no gate), beta (B, T, H);
+    initial_state (B, H, K, V).
 
     Computes in float32 (float64 stays float64). Returns o (B, T, H, V) in q's dtype and, with
     `output_final_state`, the state after the last step (B, H, K, V) in the compute dtype (else
@@ -46,12 +52,15 @@ def delta_rule_ref(
     if scale is None:
         scale = K**-0.5
     q, k, v, beta = (t.to(compute) for t in (q, k, v, beta))
+    g = None if g is None else g.to(compute)
     if use_qk_l2norm_in_kernel:
         q, k = l2_normalize(q), l2_normalize(k)
     S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(compute)
     outputs, states = [], []
     for t in range(T):
         k_t, v_t, q_t, beta_t = k[:, t], v[:, t], q[:, t], beta[:, t, :, None]
+        if g is not None:
+            S = torch.exp(g[:, t, :, None, None]) * S
         recalled = torch.einsum("bhk,bhkv->bhv", k_t, S)
         u_t = beta_t * (v_t - recalled)
         S = S + k_t[..., :, None] * u_t[..., None, :]
@@ -63,3 +72,11 @@ def delta_rule_ref(
         picked = torch.stack(states, dim=1)[rows, states_at.to(q.device)]
         return o, (S if output_final_state else None), picked
     return o, (S if output_final_state else None)
+
+
+def delta_rule_ref(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *args, **kwargs
+) -> tuple[torch.Tensor, ...]:
+    """The delta rule: `gated_delta_rule_ref` with no gate, on its arguments but g (scale,
+    initial_state, output_final_state, use_qk_l2norm_in_kernel, states_at)."""
+    return gated_delta_rule_ref(q, k, v, None, beta, *args, **kwargs)

@@ -1,35 +1,51 @@
-"""The PyTorch path of the delta rule (CPU fast path): the chunked WY form in batched matmuls.
+"""The PyTorch path of the delta-rule family (CPU fast path): the chunked WY form in batched
+matmuls, the gate (the gated delta rule's log decays g) optional.
 
-Within a chunk of C steps starting from state S (rows Q, K, V, beta; Kb = diag(beta) K), the
-per-step recurrence unrolls to
+Within a chunk of C steps starting from state S (rows Q (pre-scaled), K, V, beta; Kb =
+diag(beta) K), let G_i = g_1 + ... + g_i (the chunk's cumulative log decay), e_i = exp(G_i),
+w_i = exp(G_C - G_i) (G_C the chunk's total) and Gamma[i, j] = exp(G_i - G_j) for j <= i (zero
+above the diagonal). The per-step recurrence unrolls to
 
-    A = (I + tril(Kb K^T, -1))^{-1}                 (one triangular solve for all chunks)
-    U = A diag(beta) V - A Kb S                     (the chunk's u_t rows)
-    O = Q S + tril(Q K^T) U                         (q pre-scaled; tril keeps the diagonal)
-    S' = S + K^T U
+    L = tril(Kb K^T, -1) * Gamma ;  A = (I + L)^{-1}    (one triangular solve for all chunks)
+    U = A (diag(beta) V - diag(e) Kb S)                 (the chunk's u_t rows)
+    O = diag(e) Q S + (tril(Q K^T) * Gamma) U
+    S' = e_C S + (diag(w) K)^T U
 
 so only U and S' are left to the sequential loop over chunks (T / C steps of matmuls instead of
-T steps of matrix-vector products); O is one batched matmul over all chunks afterwards. The
-sequence is zero-padded to a multiple of C (padded steps have k = 0 and beta = 0, so they leave
-the state alone).
+T steps of matrix-vector products); O is one batched matmul over all chunks afterwards. Without
+a gate (the delta rule) every decay is 1 and Gamma the lower triangle of ones: the products
+with them are skipped (`Decays` is None). Differences of G are never formed: they are the
+segment sums g_{j+1} + ... + g_i, summed directly (a masked cumulative sum), because with large
+decays (|G| ~ 1e4) G_i - G_j in float32 loses every digit; and with g <= 0 no exp of a positive
+number is taken. The sequence is zero-padded to a multiple of C (padded steps have k = 0,
+beta = 0 and g = 0: they leave the state alone).
 
 The backward is written out (the derivative of the above, as in the Triton kernels): a reverse
-loop over chunks for the state's gradient dS and dR = A^T dU, then batched matmuls over all
-chunks for the gradients of q, k, v and beta. The forward saves the chunk start states, the U
-rows and A for it: no per-step state is ever kept.
+loop over chunks for the state's gradient and dR = A^T dU, then batched matmuls over all chunks
+for the gradients of q, k, v, beta and, gated, of the cumulative decays G, whose reverse
+cumulative sum within each chunk is g's gradient. The forward saves the chunk start states, the
+U rows and A: no per-step state is ever kept.
+
+Non-finite inputs stay causal, as in the per-step recurrence (kernels.delta_rule.nonfinite).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from kernels._op import compute_dtype
+from kernels.delta_rule import nonfinite
 from kernels.delta_rule.op import DeltaArgs
 
 # Steps per chunk: the sequential loop then runs T / 64 steps of (64, K) x (K, V) matmuls.
 # Sequences shorter than this are one chunk of their own length.
 CHUNK_SIZE = 64
+# Up to this many positions per row, their states are formed one by one (a masked matmul
+# each); more, and every state of the sequence is formed (a running sum) and picked from.
+FEW_POSITIONS = 4
 
 
 def _chunking(T: int) -> tuple[int, int]:
@@ -58,7 +74,7 @@ def empty_saved(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """The forward's saved buffers, unfilled: U rows (n, B, H, C, V), chunk start states
     (n, B, H, K, V; None without `states`) and A (n, B, H, C, C), in float32 (float64 for
-    float64 inputs)."""
+    float64 inputs). The PyTorch path has one kernel: `kernel` is ignored."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     chunk, n = _chunking(T)
@@ -70,55 +86,119 @@ def empty_saved(
     )
 
 
-def _chunked_inputs(a: DeltaArgs):
+class Chunks(NamedTuple):
+    """The inputs cut into chunks, (n, B, H, C, .) in the compute dtype."""
+
+    q: torch.Tensor  # (.., K), pre-scaled
+    k: torch.Tensor  # (.., K)
+    v: torch.Tensor  # (.., V)
+    beta: torch.Tensor  # (.., 1)
+    g: torch.Tensor | None  # (.., 1), None without a gate
+
+
+def _chunked_inputs(a: DeltaArgs) -> Chunks:
     compute = compute_dtype(a.q)
     chunk, n = _chunking(a.q.shape[1])
-    qc = _to_chunks(a.q.to(compute) * a.scale, chunk, n)  # (n, B, H, C, K), pre-scaled
-    kc = _to_chunks(a.k.to(compute), chunk, n)
-    vc = _to_chunks(a.v.to(compute), chunk, n)
-    bc = _to_chunks(a.beta.to(compute).unsqueeze(-1), chunk, n)  # (n, B, H, C, 1)
-    return qc, kc, vc, bc
+    cut = lambda x: _to_chunks(x.to(compute), chunk, n)  # noqa: E731
+    g = None if a.g is None else cut(a.g.unsqueeze(-1))
+    return Chunks(cut(a.q) * a.scale, cut(a.k), cut(a.v), cut(a.beta.unsqueeze(-1)), g)
 
 
-def forward(args: DeltaArgs) -> tuple[torch.Tensor, ...]:
-    """o (B, T, H, V) in q's dtype (contiguous), the final state (B, H, K, V) in float32
-    (float64 for float64 inputs) or None, and the buffers the backward needs (`empty_saved`).
-    The PyTorch path has one kernel: `args.kernel` is ignored.
-    """
-    qc, kc, u, h, a, state = _recurrence(args)
-    o = qc @ h + (qc @ kc.transpose(-1, -2)).tril() @ u  # (n, B, H, C, V)
-    o = _from_chunks(o, args.q.shape[1]).to(args.q.dtype).contiguous()
-    return o, (state if args.output_final_state else None), u, h, a
+class Decays(NamedTuple):
+    """A chunk's decays from its log decays g (see the module docstring)."""
+
+    e: torch.Tensor  # (n, B, H, C, 1) exp(G)
+    w: torch.Tensor  # (n, B, H, C, 1) exp(G_C - G)
+    last: torch.Tensor  # (n, B, H, 1, 1) e_C
+    gamma: torch.Tensor  # (n, B, H, C, C) Gamma, zero above the diagonal
 
 
-def forward_inference(args: DeltaArgs) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(o, the final state or None) as `forward`, when no backward will run: the chunks'
-    start states are not copied into a saved buffer (a zero one is left out)."""
-    qc, kc, u, starts, _, state = _recurrence(args, save=False)
-    o = (qc @ kc.transpose(-1, -2)).tril() @ u  # (n, B, H, C, V)
-    h = _stacked(starts)
+def _decays(g: torch.Tensor | None) -> Decays | None:
+    """The decays of the chunks' g (n, B, H, C, 1); None without a gate."""
+    if g is None:
+        return None
+    C = g.shape[3]
+    ones = torch.ones(C, C, dtype=torch.bool, device=g.device)
+    # seg[i, j] = g_{j+1} + ... + g_i: each column summed from zero, never G_i - G_j.
+    seg = (g * ones.tril(-1)).cumsum(-2)  # g * mask: [l, j] = g_l for l > j
+    gamma = seg.exp() * ones.tril()
+    G = g.cumsum(3)
+    return Decays(G.exp(), seg[..., -1, :].unsqueeze(-1).exp(), G[..., -1:, :].exp(), gamma)
+
+
+def _scores(x: Chunks, decays: Decays | None) -> torch.Tensor:
+    """P = tril(Q K^T) * Gamma, (n, B, H, C, C): what each step reads of the chunk's writes."""
+    qk = x.q @ x.k.transpose(-1, -2)
+    return qk.tril() if decays is None else qk * decays.gamma
+
+
+def _lower(kb: torch.Tensor, x: Chunks, decays: Decays | None) -> torch.Tensor:
+    """L = tril(Kb K^T, -1) * Gamma, (n, B, H, C, C)."""
+    kk = kb @ x.k.transpose(-1, -2)
+    return kk.tril(-1) if decays is None else kk * decays.gamma.tril(-1)
+
+
+def _decayed(x: torch.Tensor, by: torch.Tensor | None) -> torch.Tensor:
+    """x times a decay (x itself without a gate)."""
+    return x if by is None else x * by
+
+
+class _Pass(NamedTuple):
+    """The chunked forward pass (`_run`)."""
+
+    x: Chunks
+    decays: Decays | None
+    u: torch.Tensor  # (n, B, H, C, V)
+    h: torch.Tensor | list  # start states (n, B, H, K, V), or as they ran (None: zero)
+    a: torch.Tensor  # (n, B, H, C, C)
+    state: torch.Tensor | None  # after the last chunk, or its start without output_final_state
+
+
+def _run(args: DeltaArgs, save: bool = True) -> _Pass:
+    """The chunked recurrence. The state after the last chunk is formed only with
+    `output_final_state` (else `state` is the last chunk's start). Without `save` (no backward
+    will run) the start states are not copied into a buffer: h is the list of them as they ran,
+    None for a zero one."""
+    x = _chunked_inputs(args)
+    decays = _decays(x.g)
+    u, h, a = empty_saved(args.q, args.v, states=save)
+    kb = x.k * x.beta
+    lower = _lower(kb, x, decays)
+    eye = torch.eye(lower.shape[-1], dtype=lower.dtype, device=lower.device)
+    torch.linalg.solve_triangular(
+        eye + lower, eye.expand_as(lower), upper=False, unitriangular=True, out=a
+    )
+    e, w, last = (None, None, None) if decays is None else decays[:3]
+    state = None if args.initial_state is None else args.initial_state.to(u.dtype)
+    w_v = a @ (x.v * x.beta)
+    # A (diag(e)) Kb is applied to a nonzero start state only: not at all in one chunk from zero.
+    w_k = None if state is None and u.shape[0] == 1 else a @ _decayed(kb, e)
+    kw = _decayed(x.k, w)
+    starts = []
+    for c in range(u.shape[0]):
+        if save:
+            h[c] = 0 if state is None else state
+        starts.append(state)
+        if state is None:  # a zero state: nothing to subtract
+            u[c] = w_v[c]
+        else:
+            torch.sub(w_v[c], w_k[c] @ state, out=u[c])
+        if c + 1 < u.shape[0] or args.output_final_state:  # the last write only for them
+            write = kw[c].transpose(-1, -2) @ u[c]
+            state = write if state is None else _decayed(state, _at(last, c)) + write
+    return _Pass(x, decays, u, h if save else starts, a, state)
+
+
+def _at(x: torch.Tensor | None, c: int) -> torch.Tensor | None:
+    return None if x is None else x[c]
+
+
+def _output(p: _Pass, h: torch.Tensor | None) -> torch.Tensor:
+    """O (n, B, H, C, V) from the chunks' start states h (None: all zero)."""
+    o = _scores(p.x, p.decays) @ p.u
     if h is not None:
-        o += qc @ h
-    o = _from_chunks(o, args.q.shape[1]).to(args.q.dtype).contiguous()
-    return o, (state if args.output_final_state else None)
-
-
-def forward_out_at(args: DeltaArgs, at: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(o (B, 1, H, V) at step at[b] of each row b alone, the final state or None), without
-    gradients: o_t = S_t^T q_t with S_t the chunk's start state plus its writes up to t. The
-    chunks' start states are kept as they run, not copied into a buffer (None: zero)."""
-    qc, kc, u, starts, _, state = _recurrence(args, save=False)
-    chunk, rows = qc.shape[3], torch.arange(len(at), device=at.device)
-    c, j = at // chunk, at % chunk
-    pick = (lambda x: x[0]) if qc.shape[0] == 1 else (lambda x: x[c, rows])  # noqa: E731
-    q_at = pick(qc)[rows, :, j][:, :, None]  # (B, H, 1, K)
-    scores = q_at @ pick(kc).transpose(-1, -2)  # (B, H, 1, C)
-    later = torch.arange(chunk, device=at.device) > j[:, None]  # (B, C): written after t
-    o = scores.masked_fill(later[:, None, None, :], 0.0) @ pick(u)  # (B, H, 1, V)
-    h = _stacked(starts)
-    if h is not None:
-        o = o + q_at @ pick(h)
-    return o.transpose(1, 2).to(args.q.dtype), (state if args.output_final_state else None)
+        o += _decayed(p.x.q, None if p.decays is None else p.decays.e) @ h
+    return o
 
 
 def _stacked(starts: list) -> torch.Tensor | None:
@@ -130,107 +210,179 @@ def _stacked(starts: list) -> torch.Tensor | None:
     return torch.stack([first, *starts[1:]])
 
 
-def _recurrence(args: DeltaArgs, save: bool = True) -> tuple[torch.Tensor, ...]:
-    """The chunked recurrence: (q pre-scaled, k, u, the chunks' start states h, A, the state
-    after the last chunk: only when `output_final_state`, else the last chunk's start).
-    Without `save` (no backward will run), h is the list of start states as they ran, None
-    for a zero one."""
-    q, initial_state = args.q, args.initial_state
-    B, T, H, K = q.shape
-    qc, kc, vc, bc = _chunked_inputs(args)
-    u, h, a = empty_saved(q, args.v, states=save)
-    kb = kc * bc
-    lower = (kb @ kc.transpose(-1, -2)).tril(-1)
-    eye = torch.eye(lower.shape[-1], dtype=lower.dtype, device=lower.device)
-    torch.linalg.solve_triangular(
-        eye + lower, eye.expand_as(lower), upper=False, unitriangular=True, out=a
-    )
-    w_k, w_v = a @ kb, a @ (vc * bc)
-    state = None if initial_state is None else initial_state.to(u.dtype)
-    starts = []
-    for c in range(u.shape[0]):
-        if save:
-            h[c] = 0 if state is None else state
-        starts.append(state)
-        if state is None:  # a zero state: nothing to subtract
-            u[c] = w_v[c]
-        else:
-            torch.sub(w_v[c], w_k[c] @ state, out=u[c])
-        if c + 1 < u.shape[0] or args.output_final_state:  # the last write only for them
-            write = kc[c].transpose(-1, -2) @ u[c]
-            state = write if state is None else state + write
-    return qc, kc, u, (h if save else starts), a, state
+def forward(args: DeltaArgs) -> tuple[torch.Tensor, ...]:
+    """o (B, T, H, V) in q's dtype (contiguous), the final state (B, H, K, V) in float32
+    (float64 for float64 inputs) or None, and the buffers the backward needs (`empty_saved`).
+    """
+    marks = nonfinite.marks(args)
+    p = _run(marks.finite)
+    o = _from_chunks(_output(p, p.h), args.q.shape[1]).to(args.q.dtype).contiguous()
+    final = p.state if args.output_final_state else None
+    return marks.output(o), marks.final_state(final), p.u, p.h, p.a
 
 
-# Up to this many positions per row, their states are formed one by one (a masked matmul
-# each); more, and every state of the sequence is formed (a cumulative sum) and picked from.
-FEW_POSITIONS = 4
+def forward_inference(args: DeltaArgs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(o, the final state or None) as `forward`, when no backward will run: the chunks'
+    start states are not copied into a saved buffer (a zero one is left out)."""
+    marks = nonfinite.marks(args)
+    p = _run(marks.finite, save=False)
+    o = _from_chunks(_output(p, _stacked(p.h)), args.q.shape[1]).to(args.q.dtype).contiguous()
+    return marks.output(o), marks.final_state(p.state if args.output_final_state else None)
+
+
+def forward_out_at(args: DeltaArgs, at: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(o (B, 1, H, V) at step at[b] of each row b alone, the final state or None), without
+    gradients: o_t = S_t^T q_t with S_t the chunk's (decayed) start state plus its writes up to
+    t. The chunks' start states are kept as they run, not copied into a buffer."""
+    marks = nonfinite.marks(args)
+    p = _run(marks.finite, save=False)
+    chunk, rows = p.x.q.shape[3], torch.arange(len(at), device=at.device)
+    c, j = at // chunk, at % chunk
+    pick = (lambda x: x[0]) if p.u.shape[0] == 1 else (lambda x: x[c, rows])  # noqa: E731
+    row_j = lambda x: pick(x)[rows, :, j][:, :, None]  # (B, H, 1, .): row j  # noqa: E731
+    q_at = row_j(p.x.q)  # (B, H, 1, K)
+    scores = q_at @ pick(p.x.k).transpose(-1, -2)  # (B, H, 1, C)
+    if p.decays is None:
+        later = torch.arange(chunk, device=at.device) > j[:, None]  # (B, C): written after t
+        scores = scores.masked_fill(later[:, None, None, :], 0.0)
+    else:
+        scores = scores * row_j(p.decays.gamma)
+    o = scores @ pick(p.u)  # (B, H, 1, V)
+    h = _stacked(p.h)
+    if h is not None:
+        o = o + _decayed(q_at, None if p.decays is None else row_j(p.decays.e)) @ pick(h)
+    final = p.state if args.output_final_state else None
+    return marks.output_at(o.transpose(1, 2).to(args.q.dtype), at), marks.final_state(final)
 
 
 def forward_states_at(args: DeltaArgs, at: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """(o, the final state (None unless `output_final_state`), the states after steps
     at[b, :] of each row b (B, P, H, K, V) in the compute dtype), without gradients. Inside a
-    chunk the state after step j is the chunk's start state plus K[:j+1]^T U[:j+1], the
-    chunk's rank-one writes up to j."""
-    o, final, u, h, _ = forward(args)
-    T = args.q.shape[1]
-    chunk, n = _chunking(T)
-    kc = _to_chunks(args.k.to(h.dtype), chunk, n)  # (n, B, H, C, K)
-    B, P = at.shape
-    rows = torch.arange(B, device=at.device)[:, None]
-    if P > FEW_POSITIONS:
-        # The running sum over the chunk's steps, one in-place add per step (cumsum over a
-        # middle axis is about 5x slower on CPU).
-        states = kc[..., :, None] * u[..., None, :]  # (n, B, H, C, K, V)
-        states[:, :, :, 0] += h
-        for j in range(1, chunk):
-            states[:, :, :, j] += states[:, :, :, j - 1]
-        H, K, V = h.shape[2:]
-        states = states.permute(1, 0, 3, 2, 4, 5).reshape(B, n * chunk, H, K, V)
-        return o, final, states[rows, at]
+    chunk the state after step j is e_j S + sum_{i <= j} Gamma[j, i] k_i u_i^T, from the
+    chunk's start state S (without a gate: S plus the chunk's rank-one writes up to j)."""
+    marks = nonfinite.marks(args)
+    p = _run(marks.finite)
+    o = _from_chunks(_output(p, p.h), args.q.shape[1]).to(args.q.dtype).contiguous()
+    final = p.state if args.output_final_state else None
+    if at.shape[1] > FEW_POSITIONS:
+        states = _every_state(p)[torch.arange(at.shape[0], device=at.device)[:, None], at]
+    else:
+        states = _states_one_by_one(p, at)
+    return marks.output(o), marks.final_state(final), marks.states_at(states, at)
+
+
+def _every_state(p: _Pass) -> torch.Tensor:
+    """Every step's state, (B, T', H, K, V) (T' the padded length): the running sum over each
+    chunk's steps, one in-place add per step (cumsum over a middle axis is about 5x slower on
+    CPU)."""
+    n, B, H, K, V = p.h.shape
+    chunk = p.u.shape[3]
+    states = p.x.k[..., :, None] * p.u[..., None, :]  # (n, B, H, C, K, V): the writes
+    step = None if p.x.g is None else p.x.g.exp()[..., None]  # exp(g_j): (n, B, H, C, 1, 1)
+    states[:, :, :, 0] += _decayed(p.h, _at_step(step, 0))
+    for j in range(1, chunk):
+        states[:, :, :, j] += _decayed(states[:, :, :, j - 1], _at_step(step, j))
+    return states.permute(1, 0, 3, 2, 4, 5).reshape(B, n * chunk, H, K, V)
+
+
+def _at_step(step: torch.Tensor | None, j: int) -> torch.Tensor | None:
+    return None if step is None else step[:, :, :, j]
+
+
+def _states_one_by_one(p: _Pass, at: torch.Tensor) -> torch.Tensor:
+    """The states after steps at (B, P), (B, P, H, K, V): one masked matmul each."""
+    chunk, h = p.u.shape[3], p.h
+    rows = torch.arange(at.shape[0], device=at.device)[:, None]
     c, j = at // chunk, at % chunk  # (B, P): each position's chunk and step in it
-    written = torch.arange(chunk, device=at.device) <= j[..., None]  # (B, P, C)
-    keys = kc[c, rows] * written[:, :, None, :, None].to(h.dtype)  # (B, P, H, C, K)
-    return o, final, h[c, rows] + keys.transpose(-1, -2) @ u[c, rows]
+    if p.decays is None:  # (B, P, 1, C): the steps written by j
+        weights = (torch.arange(chunk, device=at.device) <= j[..., None])[:, :, None].to(h.dtype)
+        start = h[c, rows]
+    else:  # (B, P, H, C): Gamma[j, i], zero for i > j
+        weights = p.decays.gamma[c, rows, :, j]
+        start = p.decays.e[c, rows, :, j, None] * h[c, rows]  # e[c, rows, :, j]: (B, P, H, 1)
+    keys = p.x.k[c, rows] * weights[..., None]  # (B, P, H, C, K)
+    return start + keys.transpose(-1, -2) @ p.u[c, rows]
 
 
 def backward(args: DeltaArgs, grads: tuple, saved: tuple) -> list[torch.Tensor | None]:
-    """Gradients (dq, dk, dv, dbeta, dinitial_state) in the compute dtype; None for an absent
-    initial_state."""
+    """Gradients (dq, dk, dv, dg, dbeta, dinitial_state) in the compute dtype; None for an
+    absent g or initial_state."""
     do = grads[0]
     dfinal = grads[1] if args.output_final_state else None
     T, scale = args.q.shape[1], args.scale
     u, h, a = saved
-    qc, kc, vc, bc = _chunked_inputs(args)
-    chunk, n = _chunking(T)
-    doc = _to_chunks(do.to(h.dtype), chunk, n)
-    kb = kc * bc
-    qk_t = (qc @ kc.transpose(-1, -2)).tril().transpose(-1, -2)
+    x = _chunked_inputs(args)
+    decays = _decays(x.g)
+    e, w, last = (None, None, None) if decays is None else decays[:3]
+    doc = _to_chunks(do.to(h.dtype), *_chunking(T))
+    kb = x.k * x.beta
+    p = _scores(x, decays)
+    # The reverse pass over chunks: dh, the gradient of each chunk's end state, and dR, that of
+    # R = diag(beta) V - diag(e) Kb S.
+    p_t, kw, kbe, qe = p.transpose(-1, -2), _decayed(x.k, w), _decayed(kb, e), _decayed(x.q, e)
     dstate = h.new_zeros(h.shape[1:]) if dfinal is None else dfinal.to(h.dtype)
-    dh = torch.empty_like(h)  # gradient of each chunk's end state
-    dr = torch.empty_like(u)  # gradient of R = diag(beta) V - Kb S
-    for c in reversed(range(n)):
+    dh = torch.empty_like(h)
+    dr = torch.empty_like(u)
+    for c in reversed(range(h.shape[0])):
         dh[c] = dstate
-        du = kc[c] @ dstate + qk_t[c] @ doc[c]
+        du = p_t[c] @ doc[c] + kw[c] @ dstate
         torch.matmul(a[c].transpose(-1, -2), du, out=dr[c])
-        dstate = dstate + qc[c].transpose(-1, -2) @ doc[c] - kb[c].transpose(-1, -2) @ dr[c]
+        dstate = (
+            _decayed(dstate, _at(last, c))
+            + qe[c].transpose(-1, -2) @ doc[c]
+            - kbe[c].transpose(-1, -2) @ dr[c]
+        )
     # Everything else is parallel over chunks.
-    d_qk = (doc @ u.transpose(-1, -2)).tril()  # gradient of tril(Q K^T)
-    d_lower = -(dr @ u.transpose(-1, -2)).tril(-1)  # gradient of tril(Kb K^T, -1)
-    d_kb = d_lower @ kc - dr @ h.transpose(-1, -2)
-    dq = (doc @ h.transpose(-1, -2) + d_qk @ kc) * scale
+    d_p = (doc @ u.transpose(-1, -2)).tril()  # gradient of P = tril(Q K^T) * Gamma
+    d_lower = -(dr @ u.transpose(-1, -2)).tril(-1)  # gradient of L
+    gamma = None if decays is None else decays.gamma
+    d_qk, d_kbk = _decayed(d_p, gamma), _decayed(d_lower, gamma)  # of Q K^T, Kb K^T
+    do_h = doc @ h.transpose(-1, -2)  # (n, B, H, C, K)
+    dr_h = dr @ h.transpose(-1, -2)
+    u_dh = u @ dh.transpose(-1, -2)
+    d_kb = d_kbk @ x.k - _decayed(dr_h, e)
+    dq = (_decayed(do_h, e) + d_qk @ x.k) * scale
     dk = (
-        u @ dh.transpose(-1, -2)
-        + d_qk.transpose(-1, -2) @ qc
-        + d_lower.transpose(-1, -2) @ kb
-        + bc * d_kb
+        _decayed(u_dh, w)
+        + d_qk.transpose(-1, -2) @ x.q
+        + d_kbk.transpose(-1, -2) @ kb
+        + x.beta * d_kb
     )
-    dv = bc * dr
-    dbeta = (d_kb * kc).sum(-1, keepdim=True) + (dr * vc).sum(-1, keepdim=True)
+    dv = x.beta * dr
+    dbeta = (d_kb * x.k).sum(-1, keepdim=True) + (dr * x.v).sum(-1, keepdim=True)
+    dg = None
+    if decays is not None:
+        dG = _decay_grad(x, decays, kb, p, d_p, d_lower, do_h, dr_h, u_dh, h, dh)
+        dg = _from_chunks(dG.flip(3).cumsum(3).flip(3), T).squeeze(-1)  # G_i = g_1 + ... + g_i
     return [
         _from_chunks(dq, T),
         _from_chunks(dk, T),
         _from_chunks(dv, T),
+        dg,
         _from_chunks(dbeta, T).squeeze(-1),
         None if args.initial_state is None else dstate,
     ]
+
+
+def _row_minus_column(x: torch.Tensor) -> torch.Tensor:
+    """For a (.., C, C) gradient-times-value matrix of entries that depend on G_i - G_j: the
+    gradient of each G, (.., C, 1)."""
+    return x.sum(-1, keepdim=True) - x.sum(-2).unsqueeze(-1)
+
+
+def _decay_grad(x: Chunks, decays: Decays, kb, p, d_p, d_lower, do_h, dr_h, u_dh, h, dh):
+    """The gradient of each chunk's cumulative log decays G (n, B, H, C, 1): through e (O, R),
+    Gamma (P, L) and w, e_C (S')."""
+    e, w, last, gamma = decays
+    lower = (kb @ x.k.transpose(-1, -2)) * gamma.tril(-1)
+    through_w = w * (x.k * u_dh).sum(-1, keepdim=True)
+    dG = (
+        e * (x.q * do_h).sum(-1, keepdim=True)
+        + _row_minus_column(d_p * p)
+        + _row_minus_column(d_lower * lower)
+        - e * (kb * dr_h).sum(-1, keepdim=True)
+        - through_w
+    )
+    dG[..., -1, :] += (last * (h * dh).sum((-1, -2), keepdim=True)).squeeze(-1)
+    dG[..., -1, :] += through_w.sum(-2)
+    return dG

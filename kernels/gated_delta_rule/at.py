@@ -1,16 +1,16 @@
 """`chunk_gated_delta_rule_at`: the gated delta rule at positions (states after steps, the
-output at one step per row, a patched state; kernels.scan_at says what each means), run as the
-delta rule's (kernels.delta_rule.at) with the log decays held still where a jump waits."""
+output at one step per row, a patched state; kernels.scan_at says what each means), run by the
+family's scan at positions (kernels.delta_rule.at), with the log decays held still where a jump
+waits."""
 
 from __future__ import annotations
 
 import torch
 
-from kernels.delta_rule.at import Family, scan_at
-from kernels.gated_delta_rule.op import OP, checked, chunk_gated_delta_rule
+from kernels.delta_rule.at import scan_at
+from kernels.delta_rule.op import checked
+from kernels.gated_delta_rule.op import OP
 from kernels.scan_at import ScanAt
-
-GATED_DELTA_RULE = Family(OP, chunk_gated_delta_rule, 5, "g")
 
 
 def chunk_gated_delta_rule_at(
@@ -33,6 +33,7 @@ def chunk_gated_delta_rule_at(
     `states_at` (B, P), `out_at` (B,), `state_patch` (positions (B,), values (B, H, K, V)) and
     `return_final_state`, as `kernels.chunk_delta_rule_at` takes them."""
     a, chosen = checked(
-        backend, q, k, v, g, beta, scale, initial_state, return_final_state, use_qk_l2norm_in_kernel
-    )
-    return scan_at(GATED_DELTA_RULE, a, chosen, states_at, out_at, state_patch)
+        OP, backend, q, k, v, g, beta, scale, initial_state, return_final_state,
+        use_qk_l2norm_in_kernel,
+    )  # fmt: skip
+    return scan_at(OP, a, chosen, states_at, out_at, state_patch)

@@ -1,122 +1,16 @@
-"""`chunk_gated_delta_rule`: the public gated-delta-rule op (validation and the call of its
-custom op; the scaffold is kernels._op).
-
-Both backends run the chunked algorithm (torch_path.py, forward.py / backward.py): the forward
-also returns what the backward needs from it (the chunks' start states, u rows and triangular
-inverses), as outputs that the autograd glue keeps for the
-backward.
+"""`chunk_gated_delta_rule`: the public gated-delta-rule op. It is the delta-rule family's
+(kernels.delta_rule.op) with the gate on: the same arguments, implementations and kernels, with
+the log decays g, under its own custom ops (`kernels::gated_delta_rule_fwd`, `_bwd`). Both
+backends run the chunked algorithm at every length.
 """
 
 from __future__ import annotations
 
-import math
-from typing import NamedTuple
-
 import torch
 
-from kernels._op import Op, compute_dtype
-from kernels.delta_rule.reference import l2_normalize
-from kernels.stacking import fold_into, is_batched, unfold_from
-from kernels.validation import check_range, check_tensor, refuse_unsupported
+from kernels.delta_rule.op import family_op, run
 
-MAX_HEAD_DIM = 256
-
-
-class GatedDeltaArgs(NamedTuple):
-    """The custom op's inputs."""
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    g: torch.Tensor
-    beta: torch.Tensor
-    initial_state: torch.Tensor | None
-    scale: float
-    output_final_state: bool
-
-
-def _validate(dtypes, q, k, v, g, beta, scale, initial_state) -> None:
-    """Check the inputs' shapes and dtypes, and g's values: finite and <= 0, read on eager
-    calls (a device sync)."""
-    op = OP.public
-    sizes: dict[str, int] = {}
-    check_tensor(op, "q", q, "B T H K", sizes, dtypes)
-    if sizes["T"] < 1:
-        raise ValueError(f"{op}: q must have at least one position (T >= 1), got T = 0")
-    if sizes["H"] < 1:
-        raise ValueError(f"{op}: q must have at least one head (H >= 1), got H = 0")
-    check_range(op, "head dimension K of q and k", sizes["K"], 1, MAX_HEAD_DIM)
-    # q, k and v share one dtype (the kernels multiply them together in it).
-    check_tensor(op, "k", k, "B T H K", sizes, (q.dtype,))
-    check_tensor(op, "v", v, "B T H V", sizes, (q.dtype,))
-    check_tensor(op, "g", g, "B T H", sizes, dtypes)
-    check_tensor(op, "beta", beta, "B T H", sizes, dtypes)
-    check_range(op, "head dimension V of v", sizes["V"], 1, MAX_HEAD_DIM)
-    if initial_state is not None:
-        check_tensor(op, "initial_state", initial_state, "B H K V", sizes, dtypes)
-    if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise TypeError(f"{op}: scale must be a float or None, got {type(scale).__name__}")
-        if not math.isfinite(scale):
-            raise ValueError(f"{op}: scale must be finite, got {scale}")
-    # A NaN or infinite log decay poisons every later state (exp(-inf) * inf), and a positive
-    # one grows the memory without bound (exp of the chunk's summed decays overflows): refuse
-    # both by name. A data-dependent test, so eager calls only (torch.compile and vmap trace
-    # through here).
-    traced = torch.compiler.is_compiling() or is_batched(g) or g.device.type == "meta"
-    if not traced and g.numel() and not bool((torch.isfinite(g) & (g <= 0)).all()):
-        if not bool(torch.isfinite(g).all()):
-            raise ValueError(f"{op}: g (the log decays) must be finite, got inf or NaN values")
-        raise ValueError(
-            f"{op}: g (the log decays) must be <= 0, got positive values (largest "
-            f"{float(g.max()):.4g}); a model's g = -exp(A_log) * softplus(.) is"
-        )
-
-
-def _fake(a: GatedDeltaArgs, backend: str) -> tuple:
-    B, T, H, K = a.q.shape
-    final = None
-    if a.output_final_state:
-        final = a.q.new_empty(B, H, K, a.v.shape[-1], dtype=compute_dtype(a.q))
-    saved = OP.implementation(backend).empty_saved(a.q, a.v)
-    return (a.q.new_empty(B, T, H, a.v.shape[-1]), final, *saved)
-
-
-def _fold(a: GatedDeltaArgs, dims: GatedDeltaArgs, m: int):
-    """Stacked models (kernels.stacking): the model axis folds into the heads."""
-    heads = ("q", "k", "v", "g", "beta")
-    folded = a._replace(
-        **{f: fold_into(getattr(a, f), getattr(dims, f), m, 2) for f in heads},
-        initial_state=fold_into(a.initial_state, dims.initial_state, m, 1),
-    )
-    return folded, lambda i, t: unfold_from(t, m, 2 - i) if i < 2 else (t, None)
-
-
-OP = Op(
-    __package__,
-    "chunk_gated_delta_rule",
-    GatedDeltaArgs,
-    "B T H K",
-    _validate,
-    _fake,
-    5,
-    saved=3,
-    fold=_fold,
-)
-
-
-def checked(backend, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm):
-    """(the validated arguments as GatedDeltaArgs, q and k normalised if asked, the backend
-    that runs them)."""
-    chosen = OP.check(
-        backend, q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state
-    )
-    scale = q.shape[3] ** -0.5 if scale is None else float(scale)
-    if l2norm:
-        compute = compute_dtype(q)
-        q = l2_normalize(q.to(compute)).to(q.dtype)
-        k = l2_normalize(k.to(compute)).to(k.dtype)
-    return GatedDeltaArgs(q, k, v, g, beta, initial_state, scale, bool(output_final_state)), chosen
+OP = family_op("chunk_gated_delta_rule", "gated_delta_rule")
 
 
 def chunk_gated_delta_rule(
@@ -141,31 +35,17 @@ def chunk_gated_delta_rule(
     u_t = beta_t (v_t - S'^T k_t); S_t = S' + k_t u_t^T; o_t = S_t^T (scale q_t).
 
     Args:
-        q: (B, T, H, K) float32/float16/bfloat16 (float64 on the PyTorch path); any strides.
-        k: (B, T, H, K), q's dtype.
-        v: (B, T, H, V), q's dtype.
         g: (B, T, H), the log decays: finite and <= 0 (a decaying memory, as a model's
             -exp(A_log) * softplus(...) is), both checked on eager calls (fla accepts
             positive values; here they are refused by name).
-        beta: (B, T, H), the write strengths (in [0, 2] for a stable memory).
-        scale: the query scale; None means K ** -0.5.
-        initial_state: optional (B, H, K, V), the state before the first step (float32
-            recommended; any of the float dtypes is accepted and its gradient has its dtype).
-        output_final_state: also return the state after the last step.
-        use_qk_l2norm_in_kernel: L2-normalise q and k over K (per token and head) inside the
-            op, gradients included.
-        cu_seqlens, head_first: fla's packed sequences and head-first layout; only None and
-            False are supported (anything else is refused by name).
-        backend: "auto", "triton" or "torch"; None uses the process default (kernels.backend).
+        the others: as `kernels.chunk_delta_rule` takes them (q (B, T, H, K), k, v, beta,
+            scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
+            head_first, backend).
 
     Returns:
-        (o (B, T, H, V) in q's dtype, the final state (B, H, K, V) in float32 (float64 for
-        float64 inputs) or None). States after given steps, the output at one step, a patched
-        state: `kernels.chunk_gated_delta_rule_at`.
+        (o, the final state or None) as `kernels.chunk_delta_rule` returns them; g's gradient
+        in g's dtype. States after given steps, the output at one step, a patched state:
+        `kernels.chunk_gated_delta_rule_at`.
     """
-    refuse_unsupported(OP.public, cu_seqlens=(cu_seqlens, None), head_first=(head_first, False))
-    a, chosen = checked(
-        backend, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel
-    )
-    o, final, *_ = OP(a, chosen)
-    return o, (final if output_final_state else None)
+    return run(OP, backend, q, k, v, g, beta, scale, initial_state, output_final_state,
+               use_qk_l2norm_in_kernel, cu_seqlens, head_first)  # fmt: skip

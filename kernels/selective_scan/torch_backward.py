@@ -1,8 +1,9 @@
-"""The backward of the selective scan's PyTorch path (kernels.selective_scan.torch_path).
+"""The backward of the selective scan's PyTorch path for one tile of rows (torch_path.backward
+runs the tiles and gathers their gradients).
 
 It walks the chunks in reverse: it recomputes each chunk's states from the checkpoint the forward
 saved, runs the adjoint recurrence backwards (dh_t = g_t C_t + exp(dt_{t+1} A) dh_{t+1}) and
-forms every gradient from the two, row tile by row tile.
+forms every gradient from the two.
 """
 
 from __future__ import annotations
@@ -11,27 +12,23 @@ import torch
 
 from kernels._op import compute_dtype
 from kernels.selective_scan.op import ScanArgs
-from kernels.selective_scan.torch_path import (
+from kernels.selective_scan.torch_chunk import (
     LOG2E,
-    _chunk,
-    _chunk_buffers,
-    _chunked,
-    _from_time_major_bdl,
-    _inner,
-    _outer,
-    _per_row,
-    _rows_of,
-    _scan_chunk,
-    _sum_last,
-    _tiles,
-    _time_major,
-    chunk_length,
+    chunk_buffers,
+    chunk_inputs,
+    chunk_of,
+    from_time_major_bdl,
+    inner,
+    outer,
+    scan_chunk,
+    sum_last,
+    time_major,
 )
 
 
 def _grad(w: torch.Tensor, states: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
     """Gradient of X's chunk when the (T, B, D, N) product was w * X * (adjoint) = w * states:
-    summed over the channels that share it (and over T and B for a fixed X), in _chunk's layout.
+    summed over the channels that share it (and over T and B for a fixed X), in chunk_of's layout.
     """
     if X.dim() == 2:
         return (states * w[..., None]).sum((0, 1))
@@ -56,58 +53,14 @@ def _add_grad(buffer: torch.Tensor, chunk_grad: torch.Tensor, t0: int, t1: int) 
         buffer[t0:t1] = chunk_grad
 
 
-def _from_time_major(x: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-    """A gradient gathered time-major ((D, N), (L, B, N) or (L, B, G, N)) in X's axis order."""
-    if X.dim() == 3:
-        return x.permute(1, 2, 0)
-    if X.dim() == 4:
-        return x.permute(1, 2, 3, 0)
-    return x
-
-
-def backward(a: ScanArgs, grads: tuple, saved: tuple) -> list[torch.Tensor | None]:
-    """Gradients (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, dinitial_state); None for absent
-    inputs. Tiles of rows run one after another and the gradients of shared inputs are summed
-    in tile order (deterministic)."""
-    (dout, dlast), (checkpoints,) = grads, saved
-    batch, channels, length = a.u.shape
-    N = a.A.shape[1]
-    T = chunk_length(batch, channels, N, length)
-    parts = []
-    for rows in _tiles(batch, channels, N, length):
-        dlast_rows = None if dlast is None else dlast[rows]
-        parts.append(
-            _backward_rows(_rows_of(a, rows), dout[rows], dlast_rows, checkpoints[:, rows], T)
-        )
-    result = []
-    for i, name in enumerate(ScanArgs._fields[:9]):  # the tensors
-        x, tile_grads = getattr(a, name), [p[i] for p in parts]
-        time_major = name in ("B", "C")  # rows on axis 1 when per row
-        if x is None:
-            g = None
-        elif _per_row(name, x):
-            g = torch.cat(tile_grads, dim=int(time_major))
-        else:
-            g = _sum_in_order(tile_grads)
-        result.append(_from_time_major(g, x) if time_major else g)
-    return result
-
-
-def _sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
-    total = parts[0].clone() if len(parts) > 1 else parts[0]
-    for part in parts[1:]:
-        total += part
-    return total
-
-
-def _backward_rows(args: ScanArgs, dout, dlast, checkpoints, T: int) -> list:
+def backward_rows(args: ScanArgs, dout, dlast, checkpoints, T: int) -> list:
     """`backward` for one tile of rows, in chunks of T positions: the gradients in the compute
     dtype (those of B and C time-major), None for absent inputs."""
     compute = compute_dtype(args.u)
     u, B, C, D, z = args.u, args.B, args.C, args.D, args.z
     batch, channels, length = u.shape
     N = args.A.shape[1]
-    x = _chunked(args, compute)
+    x = chunk_inputs(args, compute)
     dt_t, u_t, A_c, B_c, C_c, u_c = x.dt_t, x.u_t, x.A, x.B_t, x.C_t, x.u
     A_log2 = A_c * LOG2E
 
@@ -118,7 +71,7 @@ def _backward_rows(args: ScanArgs, dout, dlast, checkpoints, T: int) -> list:
         sig_z = torch.sigmoid(z_c)
         g = g * z_c * sig_z
         y_t = u.new_empty(length, batch, channels, dtype=compute)
-    g_t = _time_major(g)
+    g_t = time_major(g)
 
     dA = torch.zeros_like(A_c)
     dB_t, dC_t = _grad_buffer(B_c), _grad_buffer(C_c)
@@ -128,25 +81,25 @@ def _backward_rows(args: ScanArgs, dout, dlast, checkpoints, T: int) -> list:
     carry = u.new_zeros(batch, channels, N, dtype=compute) if dlast is None else dlast.to(compute)
 
     n_chunks = checkpoints.shape[0]
-    a_buf, h_buf, dh_buf = _chunk_buffers(3, T, u, N, compute)
+    a_buf, h_buf, dh_buf = chunk_buffers(3, T, u, N, compute)
     for c in reversed(range(n_chunks)):
         t0, t1 = c * T, min(length, (c + 1) * T)
         h0 = checkpoints[c]
         dt_c, u_c_t, g_c = dt_t[t0:t1], u_t[t0:t1], g_t[t0:t1]
-        Bc, Cc = _chunk(B_c, t0, t1), _chunk(C_c, t0, t1)
+        Bc, Cc = chunk_of(B_c, t0, t1), chunk_of(C_c, t0, t1)
         a, hs, dh = a_buf[: t1 - t0], h_buf[: t1 - t0], dh_buf[: t1 - t0]
-        _scan_chunk(dt_c, u_c_t, A_log2, Bc, B, h0, a, hs)
+        scan_chunk(dt_c, u_c_t, A_log2, Bc, B, h0, a, hs)
         if z is not None:
-            y_t[t0:t1] = _inner(hs, Cc, C)
+            y_t[t0:t1] = inner(hs, Cc, C)
         _add_grad(dC_t, _grad(g_c, hs, C), t0, t1)
 
         # The adjoint of the states, backwards through the chunk, from the later chunk's carry.
-        _outer(g_c, Cc, C, dh)
+        outer(g_c, Cc, C, dh)
         dh[-1] += carry
         for i in range(dh.shape[0] - 2, -1, -1):
             dh[i].addcmul_(a[i + 1], dh[i + 1])
         carry = a[0] * dh[0]
-        S = _inner(dh, Bc, B)  # sum_n dh * B
+        S = inner(dh, Bc, B)  # sum_n dh * B
         du_t[t0:t1] = dt_c * S
         _add_grad(dB_t, _grad(dt_c * u_c_t, dh, B), t0, t1)
 
@@ -155,21 +108,21 @@ def _backward_rows(args: ScanArgs, dout, dlast, checkpoints, T: int) -> list:
         P[1:].mul_(hs[:-1])
         P[0].mul_(h0)
         P.mul_(dh)
-        ddt_t[t0:t1] = _sum_last(torch.mul(P, A_c, out=hs)) + u_c_t * S  # hs is done with
+        ddt_t[t0:t1] = sum_last(torch.mul(P, A_c, out=hs)) + u_c_t * S  # hs is done with
         dA += P.mul_(dt_c[..., None]).sum((0, 1))
 
-    du = _from_time_major_bdl(du_t, u)
+    du = from_time_major_bdl(du_t, u)
     dD = None
     if D is not None:
         du.addcmul_(D.to(compute)[:, None], g)
         dD = (g * u_c).sum((0, 2))
-    ddt = _from_time_major_bdl(ddt_t, args.delta)
+    ddt = from_time_major_bdl(ddt_t, args.delta)
     if args.softplus:
         ddt.mul_(torch.sigmoid(x.pre))
     ddelta_bias = ddt.sum((0, 2)) if args.delta_bias is not None else None
     dz = None
     if z is not None:
-        gated = _from_time_major_bdl(y_t, z)
+        gated = from_time_major_bdl(y_t, z)
         if D is not None:
             gated.addcmul_(D.to(compute)[:, None], u_c)
         dz = dout.to(compute) * gated * sig_z * (1 + z_c * (1 - sig_z))

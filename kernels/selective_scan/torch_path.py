@@ -10,15 +10,13 @@ contractions over N or over channels are batched matrix products.
 The forward keeps only the state at the start of each chunk (the checkpoints). The backward
 walks the chunks in reverse: it recomputes the chunk's states from its checkpoint, runs the
 adjoint recurrence backwards (dh_t = g_t C_t + exp(dt_{t+1} A) dh_{t+1}) and forms every
-gradient from the two (kernels.selective_scan.torch_backward). Autograd through the
-per-position loop would record every step and is orders of magnitude slower (see
-docs/kernels.md).
+gradient from the two (one tile of rows: kernels.selective_scan.torch_backward). Autograd
+through the per-position loop would record every step and is orders of magnitude slower (see
+docs/kernels.md). What one chunk does, forward and backward alike, is in torch_chunk.py; this
+module sizes the tiles and chunks and runs them.
 """
 
 from __future__ import annotations
-
-import math
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -26,8 +24,17 @@ import torch.nn.functional as F
 from kernels._op import compute_dtype
 from kernels.layout import match_layout
 from kernels.selective_scan.op import ScanArgs
+from kernels.selective_scan.torch_backward import backward_rows
+from kernels.selective_scan.torch_chunk import (
+    LOG2E,
+    chunk_buffers,
+    chunk_inputs,
+    chunk_of,
+    from_time_major_bdl,
+    inner,
+    scan_chunk,
+)
 
-LOG2E = math.log2(math.e)
 # Elements of one (T, rows, D, N) chunk buffer; the backward holds about six of them.
 CHUNK_ELEMENTS = 1 << 20
 # Batch tiles are sized so that a chunk holds at least this many positions.
@@ -67,103 +74,6 @@ def num_checkpoints(batch: int, channels: int, state: int, length: int) -> int:
     """Number of chunk-start states the forward saves for the backward."""
     t = chunk_length(batch, channels, state, length)
     return (length + t - 1) // t
-
-
-# B and C come in three layouts. `_time_major_bc` lays one out with positions first (once per
-# call: strided reads of B or C inside the chunk loop are several times slower), `_chunk` cuts
-# positions [t0, t1) out of that, and the helpers below broadcast, contract or differentiate a
-# chunk against the (T, B, D, N) states without materialising a per-channel copy of it.
-
-
-def _time_major_bc(X: torch.Tensor) -> torch.Tensor:
-    if X.dim() == 2:  # (D, N): the same at every position
-        return X
-    if X.dim() == 3:  # (B, N, L) -> (L, B, N)
-        return X.permute(2, 0, 1).contiguous()
-    return X.permute(3, 0, 1, 2).contiguous()  # (B, G, N, L) -> (L, B, G, N)
-
-
-def _chunk(Xt: torch.Tensor, t0: int, t1: int) -> torch.Tensor:
-    return Xt if Xt.dim() == 2 else Xt[t0:t1]
-
-
-def _sum_last(x: torch.Tensor) -> torch.Tensor:
-    """x.sum(-1) as a matrix-vector product (a short last dimension sums slowly)."""
-    ones = x.new_ones(x.shape[-1])
-    return (x.reshape(-1, x.shape[-1]) @ ones).view(x.shape[:-1])
-
-
-def _outer(w: torch.Tensor, Xc: torch.Tensor, X: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """w (T, B, D) times X, written to `out` (T, B, D, N) and returned."""
-    if X.dim() == 2:
-        return torch.mul(w[..., None], Xc, out=out)
-    if X.dim() == 3:
-        return torch.mul(w[..., None], Xc[:, :, None, :], out=out)
-    T, batch, channels, N = out.shape
-    groups = Xc.shape[2]
-    per_group = (T, batch, groups, channels // groups)
-    torch.mul(w.reshape(*per_group, 1), Xc[:, :, :, None, :], out=out.view(*per_group, N))
-    return out
-
-
-def _inner(states: torch.Tensor, Xc: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-    """sum_n states * X: (T, B, D). For a (B, N, L) X, one batched (D, N) x (N, 1) product per
-    position and row (reads the states once: on CPU with torch 2.13, 5-10% off a whole scan
-    against a multiply into a buffer and a matrix-vector product)."""
-    if X.dim() == 2:
-        return _sum_last(states * Xc)
-    if X.dim() == 3:
-        return (states @ Xc[..., None]).squeeze(-1)
-    T, batch, channels, N = states.shape
-    groups = Xc.shape[2]
-    per_group = states.reshape(T, batch, groups, channels // groups, N) @ Xc[..., None]
-    return per_group.reshape(T, batch, channels)
-
-
-def _time_major(x: torch.Tensor) -> torch.Tensor:
-    """(B, D, L) -> contiguous (L, B, D)."""
-    return x.permute(2, 0, 1).contiguous()
-
-
-def _scan_chunk(
-    dt: torch.Tensor,
-    u: torch.Tensor,
-    A_log2: torch.Tensor,
-    Bc: torch.Tensor,
-    B: torch.Tensor,
-    h0: torch.Tensor | None,
-    a: torch.Tensor,
-    h: torch.Tensor,
-    replace: dict | None = None,
-) -> None:
-    """Decays a = exp(dt A) and states h of one chunk, both (T, B, D, N), written into the given
-    buffers (reused across chunks: large fresh allocations cost page faults on CPU), from the
-    state h0 before the chunk (None: zero). A_log2 is A log2(e): exp2 is about 2.5x faster than
-    exp on CPU, and the decay is the scan's costliest step. `replace`: states patched within
-    the chunk (see `_replace`)."""
-    torch.mul(dt[..., None], A_log2, out=a)
-    a.exp2_()
-    _outer(dt * u, Bc, B, h)  # dt * B * u, turned into the states in place
-    if h0 is not None:
-        h[0].addcmul_(a[0], h0)
-    _replace(h, 0, replace)
-    for i in range(1, h.shape[0]):
-        h[i].addcmul_(a[i], h[i - 1])
-        _replace(h, i, replace)
-
-
-def _replace(h: torch.Tensor, i: int, replace: dict | None) -> None:
-    """Step i's states of the rows `replace` patches there: replace[i] = (rows, values, kept),
-    the unpatched states stored into `kept` (the output at the patched position reads them)."""
-    if replace and i in replace:
-        rows, values, kept = replace[i]
-        kept.copy_(h[i, rows])
-        h[i, rows] = values
-
-
-def _chunk_buffers(count: int, T: int, like: torch.Tensor, N: int, compute: torch.dtype):
-    batch, channels, _ = like.shape
-    return [like.new_empty(T, batch, channels, N, dtype=compute) for _ in range(count)]
 
 
 def forward(a: ScanArgs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -237,29 +147,6 @@ def _forward(a: ScanArgs, at: torch.Tensor | None, out_at: torch.Tensor | None =
     return match_layout(out, a.u, a.u.dtype), last_state, checkpoints, states
 
 
-class _Chunked(NamedTuple):
-    """One tile of rows in the compute dtype, laid out for the chunk loops (time-major)."""
-
-    dt: torch.Tensor  # (B, D, L), softplus(pre) or pre
-    pre: torch.Tensor  # (B, D, L), delta + delta_bias
-    u: torch.Tensor  # (B, D, L)
-    dt_t: torch.Tensor  # (L, B, D)
-    u_t: torch.Tensor  # (L, B, D)
-    A: torch.Tensor  # (D, N)
-    B_t: torch.Tensor  # B in _time_major_bc's layout
-    C_t: torch.Tensor  # C in _time_major_bc's layout
-
-
-def _chunked(a: ScanArgs, compute: torch.dtype) -> _Chunked:
-    pre = a.delta.to(compute)
-    if a.delta_bias is not None:
-        pre = pre + a.delta_bias.to(compute)[:, None]
-    dt = F.softplus(pre) if a.softplus else pre
-    u = a.u.to(compute)
-    B_t, C_t = _time_major_bc(a.B.to(compute)), _time_major_bc(a.C.to(compute))
-    return _Chunked(dt, pre, u, _time_major(dt), _time_major(u), a.A.to(compute), B_t, C_t)
-
-
 def _forward_rows(
     args: ScanArgs,
     T: int,
@@ -278,7 +165,7 @@ def _forward_rows(
     u, B, C, D, z, save = args.u, args.B, args.C, args.D, args.z, args.save_checkpoints
     batch, channels, length = u.shape
     N = args.A.shape[1]
-    x = _chunked(args, compute)
+    x = chunk_inputs(args, compute)
     dt_t, u_t, A_c, B_c, C_c, u_c = x.dt_t, x.u_t, x.A, x.B_t, x.C_t, x.u
     A_log2 = A_c * LOG2E
 
@@ -289,7 +176,7 @@ def _forward_rows(
     state = None if args.initial_state is None else args.initial_state.to(compute)
     carried = None
     y = u.new_empty(1 if out_at is not None else length, batch, channels, dtype=compute)
-    a_buf, h_buf = _chunk_buffers(2, T, u, N, compute)
+    a_buf, h_buf = chunk_buffers(2, T, u, N, compute)
     patched_at = _patched_rows(patch, compute)
     for c in range(n_chunks):
         t0, t1 = c * T, min(length, (c + 1) * T)
@@ -297,24 +184,24 @@ def _forward_rows(
         if save:
             checkpoints[c].zero_() if state is None else checkpoints[c].copy_(state)
         replace = {t - t0: r for t, r in patched_at.items() if t0 <= t < t1}
-        Bt, Ct = _chunk(B_c, t0, t1), _chunk(C_c, t0, t1)
-        _scan_chunk(dt_t[t0:t1], u_t[t0:t1], A_log2, Bt, B, state, a, hs, replace)
+        Bt, Ct = chunk_of(B_c, t0, t1), chunk_of(C_c, t0, t1)
+        scan_chunk(dt_t[t0:t1], u_t[t0:t1], A_log2, Bt, B, state, a, hs, replace)
         if out_at is None:
-            y[t0:t1] = _inner(hs, Ct, C)
+            y[t0:t1] = inner(hs, Ct, C)
             for i, (rows, _, kept) in replace.items():  # the output at p: unpatched states
                 C_i = Ct if Ct.dim() == 2 else Ct[i, rows][None]
-                y[t0 + i, rows] = _inner(kept[None], C_i, C)[0]
+                y[t0 + i, rows] = inner(kept[None], C_i, C)[0]
         else:  # the rows whose output position lies in this chunk
             rows = ((out_at >= t0) & (out_at < t1)).nonzero()[:, 0]
             if len(rows):
                 t = out_at[rows]
                 C_at = C_c if C_c.dim() == 2 else C_c[t, rows][None]
-                y[0, rows] = _inner(hs[t - t0, rows][None], C_at, C)[0]
+                y[0, rows] = inner(hs[t - t0, rows][None], C_at, C)[0]
             for i, (patched, _, kept) in replace.items():  # output and patch at one position
                 same = (out_at[patched] == t0 + i).nonzero()[:, 0]
                 if len(same):
                     C_i = Ct if Ct.dim() == 2 else Ct[i, patched[same]][None]
-                    y[0, patched[same]] = _inner(kept[same][None], C_i, C)[0]
+                    y[0, patched[same]] = inner(kept[same][None], C_i, C)[0]
         if at is not None:  # the (row, j) pairs whose position lies in this chunk
             rows, j = ((at >= t0) & (at < t1)).nonzero(as_tuple=True)
             picked[rows, j] = hs[at[rows, j] - t0, rows]
@@ -332,7 +219,7 @@ def _forward_rows(
         if z is not None:
             out.mul_(F.silu(z[rows, :, out_at].to(compute))[..., None])
         return out, last_state, checkpoints, picked
-    out = _from_time_major_bdl(y, u)
+    out = from_time_major_bdl(y, u)
     if D is not None:
         out.addcmul_(D.to(compute)[:, None], u_c)
     if z is not None:
@@ -353,15 +240,45 @@ def _patched_rows(patch: tuple | None, compute: torch.dtype) -> dict:
     return groups
 
 
-def _from_time_major_bdl(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """(L, B, D) -> a new (B, D, L) tensor laid out like `like` (one transposing copy)."""
-    out = torch.empty_like(like, dtype=x.dtype)
-    return out.copy_(x.permute(1, 2, 0))
-
-
 def backward(a: ScanArgs, grads: tuple, saved: tuple) -> list[torch.Tensor | None]:
     """Gradients (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, dinitial_state); None for absent
-    inputs (kernels.selective_scan.torch_backward)."""
-    from kernels.selective_scan.torch_backward import backward as run
+    inputs. Tiles of rows run one after another (`backward_rows`) and the gradients of shared
+    inputs are summed in tile order (deterministic)."""
+    (dout, dlast), (checkpoints,) = grads, saved
+    batch, channels, length = a.u.shape
+    N = a.A.shape[1]
+    T = chunk_length(batch, channels, N, length)
+    parts = []
+    for rows in _tiles(batch, channels, N, length):
+        dlast_rows = None if dlast is None else dlast[rows]
+        parts.append(
+            backward_rows(_rows_of(a, rows), dout[rows], dlast_rows, checkpoints[:, rows], T)
+        )
+    result = []
+    for i, name in enumerate(ScanArgs._fields[:9]):  # the tensors
+        x, tile_grads = getattr(a, name), [p[i] for p in parts]
+        time_major = name in ("B", "C")  # rows on axis 1 when per row
+        if x is None:
+            g = None
+        elif _per_row(name, x):
+            g = torch.cat(tile_grads, dim=int(time_major))
+        else:
+            g = _sum_in_order(tile_grads)
+        result.append(_from_time_major(g, x) if time_major else g)
+    return result
 
-    return run(a, grads, saved)
+
+def _sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
+    total = parts[0].clone() if len(parts) > 1 else parts[0]
+    for part in parts[1:]:
+        total += part
+    return total
+
+
+def _from_time_major(x: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """A gradient gathered time-major ((D, N), (L, B, N) or (L, B, G, N)) in X's axis order."""
+    if X.dim() == 3:
+        return x.permute(1, 2, 0)
+    if X.dim() == 4:
+        return x.permute(1, 2, 3, 0)
+    return x

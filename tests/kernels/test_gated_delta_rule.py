@@ -15,11 +15,8 @@ import torch.nn.functional as F
 from torch.func import vmap
 
 from kernels import chunk_delta_rule, chunk_gated_delta_rule
-from kernels.gated_delta_rule import gated_delta_rule_ref, torch_path
-from tests.kernels.test_delta_rule import (
-    _NaNFilledEmpty,
-    bounds_checked_interpreter,  # noqa: F401 (a fixture)
-)
+from kernels.delta_rule import torch_path
+from kernels.gated_delta_rule import gated_delta_rule_ref
 from tests.kernels.tolerances import assert_close
 
 GRAD_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dinitial_state")
@@ -125,16 +122,6 @@ def test_triton_wide_head_fp16(device):
     blocks of 32 (the last one reaching past K): dg and dbeta sum partials over them."""
     inputs = _inputs(1, 40, 1, 100, 36, torch.float16, device, True, seed=9)
     _check_against_reference(inputs, torch.float16, "triton", True)
-
-
-@pytest.fixture
-def nan_fresh_buffers(monkeypatch):
-    """Every buffer the Triton host code allocates starts as NaN (see test_delta_rule)."""
-    from kernels.delta_rule import launch as delta_launch
-    from kernels.gated_delta_rule import launch
-
-    monkeypatch.setattr(launch, "torch", _NaNFilledEmpty())
-    monkeypatch.setattr(delta_launch, "torch", _NaNFilledEmpty())  # its _empty
 
 
 @pytest.mark.usefixtures("nan_fresh_buffers", "bounds_checked_interpreter")

@@ -307,13 +307,13 @@ def test_selective_scan_one_pass_across_tiles_and_chunks(monkeypatch, layout, sm
     torch.testing.assert_close(patched.final_state, want_final, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("spec", SPECS[2:], ids=IDS[2:])
 @pytest.mark.parametrize("chunk", [64, 4], ids=["one_chunk", "chunks"])
 @pytest.mark.parametrize("few", [False, True], ids=["every", "few"])
-def test_delta_rule_states_and_out_at_across_chunks(monkeypatch, chunk, few):
-    """Every state (a cumulative sum per chunk) and a few per row (one masked matmul each),
-    and the output at one step per row, across chunk boundaries."""
+def test_delta_rule_states_and_out_at_across_chunks(monkeypatch, spec, chunk, few):
+    """Both delta rules: every state (a running sum per chunk) and a few per row (one masked
+    matmul each), and the output at one step per row, across chunk boundaries."""
     monkeypatch.setattr(delta_torch_path, "CHUNK_SIZE", chunk)
-    spec = SPECS[2]
     x = spec.inputs(seed=8)
     read = (
         torch.tensor([[10, 0, 4], [3, 7, 3], [1, 1, 9]])

@@ -1,7 +1,7 @@
-"""Probes: a NaN at one position of the chunked PyTorch paths (`chunk_gated_delta_rule`,
-`mamba2_scan`) leaves the positions before it as the step-by-step references give them, finite,
-across chunk boundaries; outputs and states are non-finite exactly where the references' are.
-Positive log decays are refused by name."""
+"""Probes: a NaN at one position of the chunked PyTorch paths (`chunk_delta_rule`,
+`chunk_gated_delta_rule`, `mamba2_scan`) leaves the positions before it as the step-by-step
+references give them, finite, across chunk boundaries; outputs and states are non-finite exactly
+where the references' are. Positive log decays are refused by name."""
 
 from __future__ import annotations
 
@@ -10,12 +10,22 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from kernels.gated_delta_rule.reference import gated_delta_rule_ref
+from kernels.delta_rule.reference import delta_rule_ref, gated_delta_rule_ref
 from kernels.ssd.reference import mamba2_scan_ref
 
 NAN = float("nan")
-T = 150  # three chunks of the gated delta rule (64), five of the SSD (32)
-AT = torch.tensor([[3, 66, 149], [0, 70, 120]])  # states read back (gated delta rule)
+T = 150  # three chunks of the delta rules (64), five of the SSD (32)
+AT = torch.tensor([[3, 66, 149], [0, 70, 120]])  # states read back (delta rules)
+# (the op, its scan at positions, its reference, whether it takes log decays g)
+DELTA_RULES = {
+    "delta_rule": (kernels.chunk_delta_rule, kernels.chunk_delta_rule_at, delta_rule_ref, False),
+    "gated_delta_rule": (
+        kernels.chunk_gated_delta_rule,
+        kernels.chunk_gated_delta_rule_at,
+        gated_delta_rule_ref,
+        True,
+    ),
+}
 
 
 def _check(got: torch.Tensor, expected: torch.Tensor, before: int) -> None:
@@ -27,10 +37,11 @@ def _check(got: torch.Tensor, expected: torch.Tensor, before: int) -> None:
     torch.testing.assert_close(got[finite], expected[finite], atol=1e-4, rtol=1e-4)
 
 
-def _gated_inputs() -> dict[str, torch.Tensor]:
+def _gated_inputs(gated: bool = True) -> dict[str, torch.Tensor]:
+    """The inputs of the gated delta rule, or (not `gated`) of the delta rule: the same but g."""
     gen = torch.Generator().manual_seed(0)
     B, H, K, V = 2, 2, 4, 3
-    return dict(
+    inputs = dict(
         q=torch.randn(B, T, H, K, generator=gen),
         k=F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1),
         v=torch.randn(B, T, H, V, generator=gen),
@@ -38,8 +49,12 @@ def _gated_inputs() -> dict[str, torch.Tensor]:
         beta=torch.rand(B, T, H, generator=gen),
         initial_state=torch.randn(B, H, K, V, generator=gen),
     )
+    if not gated:
+        del inputs["g"]
+    return inputs
 
 
+@pytest.mark.parametrize("rule", list(DELTA_RULES))
 @pytest.mark.parametrize(
     "name,index",
     [
@@ -50,20 +65,23 @@ def _gated_inputs() -> dict[str, torch.Tensor]:
         ("k", (0, 64, 1, 0)),  # the first position of a chunk
     ],
 )
-def test_a_nan_in_the_gated_delta_rule_stays_causal(name, index):
-    inputs = _gated_inputs()
+def test_a_nan_in_a_delta_rule_stays_causal(rule, name, index):
+    op, op_at, reference, gated = DELTA_RULES[rule]
+    inputs = _gated_inputs(gated)
     inputs[name][index] = NAN
-    o, final, states = kernels.chunk_gated_delta_rule_at(
-        **inputs, states_at=AT, return_final_state=True, backend="torch"
-    )
-    o_ref, final_ref, states_ref = gated_delta_rule_ref(
-        **inputs, output_final_state=True, states_at=AT
-    )
+    o, final, states = op_at(**inputs, states_at=AT, return_final_state=True, backend="torch")
+    o_ref, final_ref, states_ref = reference(**inputs, output_final_state=True, states_at=AT)
     _check(o, o_ref, before=index[1])
     assert torch.equal(torch.isfinite(final), torch.isfinite(final_ref))
     _check(states, states_ref, before=0)
-    o_plain, _ = kernels.chunk_gated_delta_rule(**inputs, backend="torch")  # without states_at
+    o_plain, _ = op(**inputs, backend="torch")  # without states_at
     _check(o_plain, o_ref, before=index[1])
+    every = torch.arange(T).expand(2, T)  # every state (formed as one running sum)
+    states = op_at(**inputs, states_at=every, backend="torch").states
+    _check(states, reference(**inputs, states_at=every)[2], before=index[1])
+    for step in (index[1] - 1, T - 1):  # the output at one step: just before the NaN, the last
+        o_at = op_at(**inputs, out_at=torch.full((2,), step), backend="torch").out
+        _check(o_at, o_ref[:, step : step + 1], before=0)
 
 
 def test_positive_log_decays_are_refused_by_name():
@@ -113,20 +131,22 @@ def test_a_nan_in_mamba2_scan_stays_causal(name, index):
 def test_finite_inputs_give_the_same_outputs_down_the_masking_path(monkeypatch):
     """On a GPU, and under torch.compile, the PyTorch paths always take the masking path (no
     read of the inputs' finiteness): with finite inputs it gives what the plain path gives."""
-    from kernels.gated_delta_rule import torch_path
+    from kernels.delta_rule import nonfinite
     from kernels.ssd import chunked
 
-    gated, ssd = _gated_inputs(), _ssd_inputs()
-    plain = (
-        kernels.chunk_gated_delta_rule(**gated, output_final_state=True, backend="torch"),
-        kernels.mamba2_scan(**ssd, dt_softplus=True, return_final_states=True, backend="torch"),
-    )
-    monkeypatch.setattr(torch_path, "_all_finite", lambda args: False)
+    delta, gated, ssd = _gated_inputs(False), _gated_inputs(), _ssd_inputs()
+
+    def run() -> tuple:
+        return (
+            kernels.chunk_delta_rule(**delta, output_final_state=True, backend="torch"),
+            kernels.chunk_gated_delta_rule(**gated, output_final_state=True, backend="torch"),
+            kernels.mamba2_scan(**ssd, dt_softplus=True, return_final_states=True, backend="torch"),
+        )
+
+    plain = run()
+    monkeypatch.setattr(nonfinite, "all_finite", lambda args: False)
     monkeypatch.setattr(chunked, "_all_finite", lambda *tensors: False)
-    masked = (
-        kernels.chunk_gated_delta_rule(**gated, output_final_state=True, backend="torch"),
-        kernels.mamba2_scan(**ssd, dt_softplus=True, return_final_states=True, backend="torch"),
-    )
+    masked = run()
     for got, expected in zip(masked, plain, strict=True):
         for a, b in zip(got, expected, strict=True):
             assert torch.equal(a, b)
