@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from mecheval.evaluation.config import DasOptions, EvaluateConfig, OptionError, check_options
 from mecheval.evaluation.documents import documents_key, documents_of
+from mecheval.evaluation.evaluate import with_run_identity
 from mecheval.interventions.das import DasSettings, das
 from mecheval.io import DamagedFileError
 from mecheval.run_folder import files
@@ -131,17 +132,7 @@ def das_run(run_dir: Path, documents, checkpoint: Path, step: int, options, forc
             frame.insert(0, "corruption", at)
             frames.append(frame)
     table = pd.concat(frames, ignore_index=True)
-    identity = {
-        "run": run_dir.name,
-        "arch": config.model.arch,
-        "d_model": config.model.d_model,
-        "n_layers": config.model.n_layers,
-        "lr": config.optim.lr,
-        "task": documents.task.label(),
-        "step": step,
-    }
-    for i, (name, value) in enumerate(identity.items()):
-        table.insert(i, name, value)
+    table = with_run_identity(table, run_dir, config, documents, step)
     files.write_table(run_dir, DAS, table)
     files.write_stamp(run_dir, DAS_STAMP, {"settings": searched_with, "documents": len(batch)})
     return table

@@ -172,6 +172,18 @@ def _evaluate(plan: _RunPlan, options: EvaluateConfig, force: bool) -> pd.DataFr
         grid.insert(0, "corruption", at)
         frames.append(grid)
     table = pd.concat(frames, ignore_index=True)
+    accuracy = float(examples["correct"].mean())
+    table = with_run_identity(table, run_dir, config, documents, plan.step, accuracy=accuracy)
+    files.write_table(run_dir, INTERVENTIONS, table)
+    files.write_table(run_dir, EXAMPLES, examples)
+    record = {"settings": settings, "documents": len(batch), "skipped": documents.skipped}
+    files.write_stamp(run_dir, INTERVENTIONS_STAMP, record)
+    return table
+
+
+def with_run_identity(table, run_dir: Path, config, documents, step: int, **extra) -> pd.DataFrame:
+    """`table` with the run's identifying columns first: run, arch, d_model, n_layers, lr,
+    task, step, then `extra`'s."""
     identity = {
         "run": run_dir.name,
         "arch": config.model.arch,
@@ -179,15 +191,11 @@ def _evaluate(plan: _RunPlan, options: EvaluateConfig, force: bool) -> pd.DataFr
         "n_layers": config.model.n_layers,
         "lr": config.optim.lr,
         "task": documents.task.label(),
-        "step": plan.step,
-        "accuracy": float(examples["correct"].mean()),
+        "step": step,
+        **extra,
     }
     for i, (name, value) in enumerate(identity.items()):
         table.insert(i, name, value)
-    files.write_table(run_dir, INTERVENTIONS, table)
-    files.write_table(run_dir, EXAMPLES, examples)
-    record = {"settings": settings, "documents": len(batch), "skipped": documents.skipped}
-    files.write_stamp(run_dir, INTERVENTIONS_STAMP, record)
     return table
 
 

@@ -32,7 +32,6 @@ import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -42,7 +41,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from tqdm.auto import tqdm
 
-from mecheval.interventions.grid import _base_run, hidden_at
+from mecheval.interventions.grid import base_run, hidden_at
 from mecheval.interventions.plan import SiteRef, _resume_points, check_batch, select_sites
 from mecheval.interventions.positions import expand_positions, resolve_position
 from mecheval.layers.resume import context_rows
@@ -296,8 +295,8 @@ def _add_resume_points(model, data, where, base_tokens, query, needed) -> None:
     contexts: dict[int, list] = {0: [None] * len(model.layers)}
     if points:
         with torch.no_grad():
-            plan = SimpleNamespace(points=points, needed=needed)
-            _, _, contexts = _base_run(model, model.embed(base_tokens), query, {}, plan)
+            embedded = model.embed(base_tokens)
+            _, _, contexts = base_run(model, embedded, query, {}, points, needed)
     table = torch.tensor(points or [0], device=query.device)
     starts = {
         label: table[torch.searchsorted(table, at, right=True) - 1] for label, at in where.items()

@@ -163,28 +163,31 @@ class Metrics:
         return self._buffer[0][:rows]
 
 
-def _base_run(model, embedded: torch.Tensor, query: torch.Tensor, reads: dict, plan: GridPlan):
-    """The base (corrupted) run, once: its head input at each row's query, the sites `reads`
-    names (n, needed, C), and point -> every layer's mixer context after positions [0, point)
-    (only when the plan has resume points: the run then goes in segments split at them)."""
-    if not plan.points:
+def base_run(
+    model, embedded: torch.Tensor, query: torch.Tensor, reads: dict, points: list[int], needed: int
+):
+    """The base (corrupted) run, once, over positions [0, needed): its head input at each row's
+    query, the sites `reads` names (n, needed, C), and point -> every layer's mixer context
+    after positions [0, point) (only given resume `points`: the run then goes in segments split
+    at them, or is one pass whose reads give the contexts)."""
+    if not points:
         with model.intervene(reads=reads) as record:
-            hidden = hidden_at(model, 0, embedded[:, : plan.needed], query)
+            hidden = hidden_at(model, 0, embedded[:, :needed], query)
         return hidden, {name: record[name] for name in reads}, {}
     sites = model.context_sites()
     if sites is not None:  # one run, whose reads give the contexts at the resume points
-        points = [p for p in plan.points if p > 0]
+        points = [p for p in points if p > 0]
         before = torch.tensor(points, device=query.device) - 1
         wanted = {name: None for name in sites}
         wanted.update({n: before.expand(len(query), -1) for n in sites if n.endswith(".state")})
         with model.intervene(reads={**wanted, **reads}) as record:
-            hidden = hidden_at(model, 0, embedded[:, : plan.needed], query)
+            hidden = hidden_at(model, 0, embedded[:, :needed], query)
         contexts = {0: [None] * len(model.layers), **model.contexts_from(record, points)}
         return hidden, {name: record[name] for name in reads}, contexts
     contexts: dict[int, list] = {0: [None] * len(model.layers)}
     parts: dict[str, list] = {name: [] for name in reads}
     hidden, start = None, 0
-    for end in [p for p in plan.points if p > 0] + [plan.needed]:
+    for end in [p for p in points if p > 0] + [needed]:
         here = (query >= start) & (query < end)  # the rows whose query this segment holds
         at = (query - start).clamp(0, end - start - 1)  # (the others' are ignored)
         with model.intervene(reads=reads) as record:
@@ -340,7 +343,9 @@ def _run(model, plan: GridPlan, batch: Batch, base_tokens: torch.Tensor, progres
     reads = {f"layers.{i}.block_input": None for i, short in shorts if short != "block_output"}
     reads.update({f"layers.{i}.block_output": None for i, sh in shorts if sh in AFTER_MIXER})
     reads.update({f"layers.{i}.mixer_output": None for i, sh in shorts if sh in AFTER_MLP_INPUT})
-    corrupt_hidden, base, at_point = _base_run(model, model.embed(base_tokens), query, reads, plan)
+    corrupt_hidden, base, at_point = base_run(
+        model, model.embed(base_tokens), query, reads, plan.points, plan.needed
+    )
 
     metrics = Metrics.of(model, clean)
     restored = metrics(clean, answers, None)
