@@ -20,8 +20,8 @@ from torch import nn
 
 import kernels
 from mecheval.layers.mixer import Mixer
-from mecheval.layers.resume import Resume, conv_window
-from mecheval.layers.sites import Site, StateSite
+from mecheval.layers.resume import Resume, conv_window, leave_context, resumed_from
+from mecheval.layers.sites import StateSite
 
 
 class RecurrentMixer(Mixer):
@@ -35,8 +35,7 @@ class RecurrentMixer(Mixer):
     state: StateSite
 
     def add_conv_sites(self, prefix: str) -> None:
-        for end in ("input", "output"):
-            self.add_module(f"{prefix}_{end}", Site(f"{prefix}_{end}"))
+        self.add_sites(f"{prefix}_input", f"{prefix}_output")
 
     def conv_width(self, prefix: str) -> int:
         conv: nn.Conv1d = getattr(self, f"{prefix}1d")
@@ -68,14 +67,12 @@ class RecurrentMixer(Mixer):
     def context_in(self, resume: Resume | None) -> tuple[tuple, torch.Tensor | None]:
         """(the convolutions' windows to continue from, the state to continue from); None
         entries for a sequence that starts here."""
-        if resume is None or resume.state is None:
-            return (None,) * len(self.convs), None
-        return resume.state[:-1], resume.state[-1]
+        context = resumed_from(resume, len(self.convs) + 1)
+        return context[:-1], context[-1]
 
     @staticmethod
     def leave(resume: Resume | None, windows: tuple, state: torch.Tensor | None) -> None:
-        if resume is not None:
-            resume.state = (*windows, state)
+        leave_context(resume, *windows, state)
 
     def convolve(
         self,
