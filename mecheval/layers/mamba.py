@@ -90,18 +90,7 @@ class Mamba(RecurrentMixer):
 
         self.in_proj = nn.Linear(d_model, 2 * self.d_inner, bias=bias, **factory)
         if use_conv:
-            if not 1 <= d_conv <= 8:
-                raise ValueError(f"d_conv must be in 1..8, got {d_conv}")
-            self.conv1d = nn.Conv1d(
-                self.d_inner,
-                self.d_inner,
-                kernel_size=d_conv,
-                groups=self.d_inner,
-                padding=d_conv - 1,
-                bias=conv_bias,
-                **factory,
-            )
-            self.add_conv_sites("conv")
+            self.add_convs("d_conv", d_conv, conv_bias, {"conv": (self.d_inner, "silu")}, **factory)
         self.activation = "silu"
         self.x_proj = nn.Linear(self.d_inner, self.dt_rank + 2 * d_state, bias=False, **factory)
         self.dt_proj = nn.Linear(self.dt_rank, self.d_inner, bias=True, **factory)
@@ -132,7 +121,6 @@ class Mamba(RecurrentMixer):
         self.D._no_weight_decay = True
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias, **factory)
         self.state = StateSite("state")
-        self.convs = ("conv",) if use_conv else ()
 
     @property
     def reach_site(self) -> str | None:
@@ -151,11 +139,7 @@ class Mamba(RecurrentMixer):
         batch, length, _ = hidden_states.shape
         windows, state = self.context_in(resume)
         x, z = self.in_proj(hidden_states).chunk(2, dim=-1)  # (B, L, d_inner) each
-        if self.use_conv:
-            x, window = self.convolve("conv", x, windows[0], resume)
-            windows = (window,)
-        else:
-            x = F.silu(x)
+        (x,), windows = self.short_convs((x,), windows, resume)
         dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         delta = F.linear(dt, self.dt_proj.weight)  # bias added (then softplus) in the scan
         scan_at = functools.partial(

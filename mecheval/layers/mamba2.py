@@ -154,20 +154,11 @@ class Mamba2(RecurrentMixer):
         d_in_proj = 2 * self.d_inner + 2 * ngroups * d_state + self.nheads
         self.in_proj = nn.Linear(d_model, d_in_proj, bias=bias, **factory)
         if use_conv:
-            if not 1 <= d_conv <= 8:
-                raise ValueError(f"d_conv must be in 1..8, got {d_conv}")
-            self.conv1d = nn.Conv1d(
-                self.conv_dim,
-                self.conv_dim,
-                kernel_size=d_conv,
-                groups=self.conv_dim,
-                padding=d_conv - 1,
-                bias=conv_bias,
-                **factory,
+            self.add_convs(
+                "d_conv", d_conv, conv_bias, {"conv": (self.conv_dim, "silu")}, **factory
             )
             if conv_init is not None:
                 nn.init.uniform_(self.conv1d.weight, -conv_init, conv_init)
-            self.add_conv_sites("conv")
 
         # softplus(dt_bias) log-uniform in [dt_min, dt_max], as mamba-ssm initialises it.
         dt = torch.exp(
@@ -195,7 +186,6 @@ class Mamba2(RecurrentMixer):
             )
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias, **factory)
         self.state = StateSite("state")
-        self.convs = ("conv",) if use_conv else ()
 
     # Contexts come from a base run in segments: a pass that also reads the states runs the
     # scan in its selective-scan form, slower than the chunked SSD of the segments (the named
@@ -215,11 +205,7 @@ class Mamba2(RecurrentMixer):
         z, xBC, dt = self.in_proj(hidden_states).split(
             [self.d_inner, self.conv_dim, self.nheads], dim=-1
         )
-        if self.use_conv:
-            xBC, window = self.convolve("conv", xBC, windows[0], resume)
-            windows = (window,)
-        else:
-            xBC = F.silu(xBC)
+        (xBC,), windows = self.short_convs((xBC,), windows, resume)
         G, N, H, P = self.ngroups, self.d_state, self.nheads, self.headdim
         x, B, C = xBC.split([self.d_inner, G * N, G * N], dim=-1)
         D = self.D.float().view(H, P) if self.D_has_hdim else self.D.float()

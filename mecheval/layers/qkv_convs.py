@@ -7,11 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-import torch.nn.functional as F
 
 from mecheval.layers.recurrent import RecurrentMixer
 from mecheval.layers.resume import Resume
-from mecheval.layers.short_conv import ShortConvolution
 
 
 class ShortConvQKV(RecurrentMixer):
@@ -34,12 +32,12 @@ class ShortConvQKV(RecurrentMixer):
 
     def _add_convs(self, conv_size: int, conv_bias: bool, qk_activation: str | None) -> None:
         """The three short convs (q and k with `qk_activation`, v with SiLU) and their sites."""
-        self.q_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, qk_activation)
-        self.k_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, qk_activation)
-        self.v_conv1d = ShortConvolution(self.value_dim, conv_size, conv_bias, "silu")
-        self.convs = ("q_conv", "k_conv", "v_conv")
-        for prefix in self.convs:
-            self.add_conv_sites(prefix)
+        channels = {
+            "q_conv": (self.key_dim, qk_activation),
+            "k_conv": (self.key_dim, qk_activation),
+            "v_conv": (self.value_dim, "silu"),
+        }
+        self.add_convs("conv_size", conv_size, conv_bias, channels)
 
     def _qkv(self, hidden_states: torch.Tensor, windows: tuple, resume: Resume | None, qk_silu):
         """(q, k (B, L, H, K), v (B, L, H, V), the convs' last windows (empty without convs,
@@ -48,22 +46,11 @@ class ShortConvQKV(RecurrentMixer):
         `qk_silu`."""
         batch, length, _ = hidden_states.shape
         q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
-        windows_out = ()
-        if self.use_short_conv:
-            outputs = [
-                self.convolve(prefix, x, window, resume, getattr(self, f"{prefix}1d").activation)
-                for prefix, x, window in zip(self.convs, (q, k, v), windows, strict=True)
-            ]
-            (q, _), (k, _), (v, _) = outputs
-            windows_out = tuple(window for _, window in outputs)
-        else:
-            if qk_silu:
-                q, k = F.silu(q), F.silu(k)
-            v = F.silu(v)
+        (q, k, v), windows = self.short_convs((q, k, v), windows, resume, (qk_silu, qk_silu, True))
         H = self.num_heads
         q = q.view(batch, length, H, self.head_k_dim)
         k = k.view(batch, length, H, self.head_k_dim)
-        return q, k, v.view(batch, length, H, self.head_v_dim), windows_out
+        return q, k, v.view(batch, length, H, self.head_v_dim), windows
 
     def state_size(self, sequence_length: int) -> int:
         """Floats carried between tokens: the state num_heads * head_k_dim * head_v_dim plus
