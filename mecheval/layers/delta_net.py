@@ -23,7 +23,6 @@ from torch import nn
 
 import kernels
 from mecheval.layers.qkv_convs import ShortConvQKV
-from mecheval.layers.resume import Resume
 from mecheval.layers.sites import StateSite
 
 QK_ACTIVATIONS = ("silu", "relu", "elu", "identity")
@@ -103,16 +102,9 @@ class DeltaNet(ShortConvQKV):
         self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
         self.state = StateSite("state")
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        resume: Resume | None = None,
-        at: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """hidden_states: (B, T, hidden_size) -> (B, T, hidden_size), or (B, 1, hidden_size) at
-        positions `at` (B,)."""
+    def scan_inputs(self, hidden_states, windows, state, resume) -> tuple:
+        """See RecurrentMixer: the delta rule on the (activated) q, k, v."""
         batch, length, _ = hidden_states.shape
-        windows, state = self.context_in(resume)
         q, k, v, windows = self._qkv(hidden_states, windows, resume, self.qk_activation == "silu")
         if self.qk_activation == "relu":
             q, k = q.relu(), k.relu()
@@ -135,9 +127,10 @@ class DeltaNet(ShortConvQKV):
             initial_state=state,
             use_qk_l2norm_in_kernel=self.qk_norm == "l2",
         )
-        result = self.scan(scan_at, batch, length, at, resume)
-        self.leave(resume, windows, result.final_state)
+        return scan_at, windows, None
+
+    def output(self, out: torch.Tensor, aside: None, at: torch.Tensor | None) -> torch.Tensor:
         # In float32: the kernel returns q's dtype (bf16 under autocast), the norm's weight is
         # float32, and a mixed-dtype RMSNorm falls off its fused path with a warning.
-        o = self.o_norm(result.out.float())
-        return self.o_proj(o.reshape(batch, o.shape[1], self.value_dim))
+        o = self.o_norm(out.float())  # (B, T or 1, H, V)
+        return self.o_proj(o.flatten(-2))

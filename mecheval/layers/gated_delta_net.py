@@ -28,7 +28,7 @@ from torch import nn
 
 import kernels
 from mecheval.layers.qkv_convs import ShortConvQKV
-from mecheval.layers.resume import Resume, pick
+from mecheval.layers.resume import pick
 from mecheval.layers.sites import StateSite
 
 
@@ -134,16 +134,8 @@ class GatedDeltaNet(ShortConvQKV):
         self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
         self.state = StateSite("state")
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        resume: Resume | None = None,
-        at: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """hidden_states: (B, T, hidden_size) -> (B, T, hidden_size), or (B, 1, hidden_size) at
-        positions `at` (B,)."""
-        batch, length, _ = hidden_states.shape
-        windows, state = self.context_in(resume)
+    def scan_inputs(self, hidden_states, windows, state, resume) -> tuple:
+        """See RecurrentMixer: the gated delta rule; the output gate reads the input (aside)."""
         q, k, v, windows = self._qkv(hidden_states, windows, resume, True)
         # Decays and write strengths in float32 (fla computes g in float32 too).
         g = -self.A_log.float().exp() * F.softplus(
@@ -162,14 +154,15 @@ class GatedDeltaNet(ShortConvQKV):
             initial_state=state,
             use_qk_l2norm_in_kernel=True,
         )
-        result = self.scan(scan_at, batch, length, at, resume)
-        self.leave(resume, windows, result.final_state)
-        o = result.out  # (B, T or 1, H, V)
+        return scan_at, windows, hidden_states
+
+    def output(self, o: torch.Tensor, hidden_states, at: torch.Tensor | None) -> torch.Tensor:
+        """o: (B, T or 1, H, V)."""
         # In float32: the kernel returns q's dtype (bf16 under autocast), the norm's weight is
         # float32 (a mixed-dtype RMSNorm falls off its fused path with a warning).
         if self.use_gate:
-            gate = self.g_proj(hidden_states if at is None else pick(hidden_states, at))
-            o = self.o_norm(o, gate.view(batch, o.shape[1], self.num_heads, self.head_v_dim))
+            gate = self.g_proj(pick(hidden_states, at))
+            o = self.o_norm(o, gate.unflatten(-1, (self.num_heads, self.head_v_dim)))
         else:
             o = self.o_norm(o.float())
-        return self.o_proj(o.reshape(batch, o.shape[1], self.value_dim))
+        return self.o_proj(o.flatten(-2))

@@ -29,7 +29,6 @@ from torch import nn
 
 import kernels
 from mecheval.layers.recurrent import RecurrentMixer
-from mecheval.layers.resume import Resume
 from mecheval.layers.sites import StateSite
 
 
@@ -128,16 +127,8 @@ class Mamba(RecurrentMixer):
         gates its own position)."""
         return "conv_input" if self.use_conv else None
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        resume: Resume | None = None,
-        at: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """hidden_states: (B, L, d_model) -> (B, L, d_model), or (B, 1, d_model) at positions
-        `at` (B,)."""
-        batch, length, _ = hidden_states.shape
-        windows, state = self.context_in(resume)
+    def scan_inputs(self, hidden_states, windows, state, resume) -> tuple:
+        """See RecurrentMixer: the selective scan of x, gated by z inside it."""
         x, z = self.in_proj(hidden_states).chunk(2, dim=-1)  # (B, L, d_inner) each
         (x,), windows = self.short_convs((x,), windows, resume)
         dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
@@ -155,9 +146,10 @@ class Mamba(RecurrentMixer):
             True,
             state,
         )
-        result = self.scan(scan_at, batch, length, at, resume)
-        self.leave(resume, windows, result.final_state)
-        return self.out_proj(result.out.transpose(1, 2))
+        return scan_at, windows, None
+
+    def output(self, out: torch.Tensor, aside: None, at: torch.Tensor | None) -> torch.Tensor:
+        return self.out_proj(out.transpose(1, 2))
 
     def state_size(self, sequence_length: int) -> int:
         """Floats carried between tokens: the SSM state d_inner * d_state plus the conv's

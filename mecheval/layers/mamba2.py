@@ -29,7 +29,7 @@ from torch import nn
 
 import kernels
 from mecheval.layers.recurrent import RecurrentMixer
-from mecheval.layers.resume import Resume, pick
+from mecheval.layers.resume import pick
 from mecheval.layers.sites import StateSite
 
 
@@ -192,16 +192,9 @@ class Mamba2(RecurrentMixer):
     # grid 10.7 -> 11.5 s, benchmarks/grid_speedups.py setup, one thread).
     context_sites = None
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        resume: Resume | None = None,
-        at: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """hidden_states: (B, L, d_model) -> (B, L, d_model), or (B, 1, d_model) at positions
-        `at` (B,)."""
-        batch, length, _ = hidden_states.shape
-        windows, state = self.context_in(resume)
+    def scan_inputs(self, hidden_states, windows, state, resume) -> tuple:
+        """See RecurrentMixer: the SSD scan of x; z gates it inside (no norm) or in the norm
+        (aside)."""
         z, xBC, dt = self.in_proj(hidden_states).split(
             [self.d_inner, self.conv_dim, self.nheads], dim=-1
         )
@@ -222,11 +215,12 @@ class Mamba2(RecurrentMixer):
             True,
             state,
         )
-        result = self.scan(scan_at, batch, length, at, resume)
-        self.leave(resume, windows, result.final_state)
-        y = result.out.flatten(-2)  # (B, L or 1, d_inner)
+        return scan_at, windows, z
+
+    def output(self, out: torch.Tensor, z: torch.Tensor, at: torch.Tensor | None) -> torch.Tensor:
+        y = out.flatten(-2)  # (B, L or 1, d_inner)
         if self.rmsnorm:
-            y = self.norm(y, z if at is None else pick(z, at))
+            y = self.norm(y, pick(z, at))
         return self.out_proj(y)
 
     def state_size(self, sequence_length: int) -> int:

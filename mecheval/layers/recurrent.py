@@ -7,8 +7,10 @@ A subclass builds its convolutions with `add_convs` (site prefixes: "conv" for M
 "q_conv", "k_conv", "v_conv" for DeltaNet's; their names in `convs`), each a `ShortConvolution`
 (an `nn.Conv1d`) at attribute `{prefix}1d` with sites `{prefix}_input` and `{prefix}_output`,
 fed with a projection of the mixer's input at each position alone; and a `StateSite` at
-`state`. Its forward then reads the context with `context_in(resume)`, runs the convolutions
-with `short_convs(...)`, the scan with `scan(...)`, and leaves the context with `leave(...)`.
+`state`. It then writes the two ends of the scan, which `forward` runs between reading the
+context (`context_in`) and leaving it (`leave`): `scan_inputs`, the projections, the
+convolutions (`short_convs`) and the scan's other inputs; and `output`, the mixer's output from
+the scan's.
 """
 
 from __future__ import annotations
@@ -96,6 +98,39 @@ class RecurrentMixer(Mixer):
     @staticmethod
     def leave(resume: Resume | None, windows: tuple, state: torch.Tensor | None) -> None:
         leave_context(resume, *windows, state)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        resume: Resume | None = None,
+        at: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """hidden_states: (B, L, d_model) -> (B, L, d_model), or (B, 1, d_model) at positions
+        `at` (B,)."""
+        batch, length, _ = hidden_states.shape
+        windows, state = self.context_in(resume)
+        scan_at, windows, aside = self.scan_inputs(hidden_states, windows, state, resume)
+        result = self.scan(scan_at, batch, length, at, resume)
+        self.leave(resume, windows, result.final_state)
+        return self.output(result.out, aside, at)
+
+    def scan_inputs(
+        self,
+        hidden_states: torch.Tensor,
+        windows: tuple,
+        state: torch.Tensor | None,
+        resume: Resume | None,
+    ) -> tuple[Callable[..., kernels.ScanAt], tuple, object]:
+        """The scan's side of `forward`: (the scan for `scan`, a `kernels` `*_scan_at` with its
+        inputs bound, continuing from `state`; the convolutions' windows after hidden_states'
+        last position (from `short_convs`, which continues from `windows`); whatever `output`
+        needs beside the scan's output)."""
+        raise NotImplementedError(f"{type(self).__name__} writes no scan_inputs")
+
+    def output(self, out: torch.Tensor, aside: object, at: torch.Tensor | None) -> torch.Tensor:
+        """The mixer's output (B, L or 1, d_model) from the scan's `out` (at every position, or
+        at `at` (B,) alone) and `aside` from `scan_inputs`."""
+        raise NotImplementedError(f"{type(self).__name__} writes no output")
 
     def convolve(
         self,
