@@ -30,6 +30,7 @@ import kernels
 from mecheval.layers.qkv_convs import ShortConvQKV
 from mecheval.layers.resume import pick
 from mecheval.layers.sites import StateSite
+from mecheval.layers.ssm_init import dt_bias, no_weight_decay
 
 
 class GatedRMSNorm(nn.Module):
@@ -117,13 +118,8 @@ class GatedDeltaNet(ShortConvQKV):
         self.a_proj = nn.Linear(hidden_size, num_heads, bias=False)
         self.b_proj = nn.Linear(hidden_size, num_heads, bias=False)
         # fla's init: decay rates A ~ U(0, 16), softplus(dt_bias) log-uniform in [dt_min, dt_max].
-        self.A_log = nn.Parameter(torch.empty(num_heads).uniform_(0, 16).log())
-        self.A_log._no_weight_decay = True
-        dt = torch.exp(
-            torch.rand(num_heads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)
-        ).clamp(min=dt_init_floor)
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^{-1}(dt)
-        self.dt_bias._no_weight_decay = True
+        self.A_log = no_weight_decay(torch.empty(num_heads).uniform_(0, 16).log())
+        self.dt_bias = no_weight_decay(dt_bias(num_heads, dt_min, dt_max, dt_init_floor))
         if use_short_conv:
             self._add_convs(conv_size, conv_bias, "silu")
         if use_gate:

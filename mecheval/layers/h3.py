@@ -25,6 +25,7 @@ from torch import nn
 from mecheval.layers.long_conv import cached_taps, resumed_long_conv
 from mecheval.layers.mixer import Mixer
 from mecheval.layers.resume import Resume, leave_context, pick, resumed_from
+from mecheval.layers.ssm_init import log_uniform_log
 
 
 class H3(Mixer):
@@ -69,9 +70,7 @@ class H3(Mixer):
         self.shift_C = nn.Parameter(torch.empty(d_model, d_state).uniform_(-bound, bound))
         self.shift_D = nn.Parameter(torch.randn(d_model))
         # Diagonal SSM (S4D-Lin): A_n = -exp(inv_A_real) + i A_imag, A_n = -1/2 + i pi n.
-        self.log_dt = nn.Parameter(
-            torch.rand(H) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)
-        )
+        self.log_dt = nn.Parameter(log_uniform_log(H, dt_min, dt_max))
         self.inv_A_real = nn.Parameter(torch.full((H, modes), math.log(0.5)))
         self.A_imag = nn.Parameter(math.pi * torch.arange(modes, dtype=torch.float32).repeat(H, 1))
         self.B = nn.Parameter(torch.view_as_real(torch.ones(H, modes, dtype=torch.cfloat)).clone())

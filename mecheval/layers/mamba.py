@@ -30,6 +30,7 @@ from torch import nn
 import kernels
 from mecheval.layers.recurrent import RecurrentMixer
 from mecheval.layers.sites import StateSite
+from mecheval.layers.ssm_init import dt_bias, no_weight_decay
 
 
 class Mamba(RecurrentMixer):
@@ -103,21 +104,14 @@ class Mamba(RecurrentMixer):
             nn.init.uniform_(self.dt_proj.weight, -dt_init_std, dt_init_std)
         else:
             raise ValueError(f"dt_init must be 'random' or 'constant', got {dt_init!r}")
-        dt = torch.exp(
-            torch.rand(self.d_inner, **factory) * (math.log(dt_max) - math.log(dt_min))
-            + math.log(dt_min)
-        ).clamp(min=dt_init_floor)
-        inv_dt = dt + torch.log(-torch.expm1(-dt))  # inverse of softplus
         with torch.no_grad():
-            self.dt_proj.bias.copy_(inv_dt)
+            self.dt_proj.bias.copy_(dt_bias(self.d_inner, dt_min, dt_max, dt_init_floor, **factory))
         self.dt_proj.bias._no_reinit = True  # model-level inits leave it alone
 
         # S4D-real initialisation: A = -(1, 2, ..., N) for every channel; kept in float32.
         A = torch.arange(1, d_state + 1, dtype=torch.float32, device=device).repeat(self.d_inner, 1)
-        self.A_log = nn.Parameter(torch.log(A))
-        self.A_log._no_weight_decay = True
-        self.D = nn.Parameter(torch.ones(self.d_inner, device=device))
-        self.D._no_weight_decay = True
+        self.A_log = no_weight_decay(torch.log(A))
+        self.D = no_weight_decay(torch.ones(self.d_inner, device=device))
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias, **factory)
         self.state = StateSite("state")
 

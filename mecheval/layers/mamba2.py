@@ -21,7 +21,6 @@ use is declared by `RecurrentMixer` (mecheval.layers.recurrent). No incremental 
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +30,7 @@ import kernels
 from mecheval.layers.recurrent import RecurrentMixer
 from mecheval.layers.resume import pick
 from mecheval.layers.sites import StateSite
+from mecheval.layers.ssm_init import dt_bias, no_weight_decay
 
 
 class RMSNormGated(nn.Module):
@@ -161,21 +161,16 @@ class Mamba2(RecurrentMixer):
                 nn.init.uniform_(self.conv1d.weight, -conv_init, conv_init)
 
         # softplus(dt_bias) log-uniform in [dt_min, dt_max], as mamba-ssm initialises it.
-        dt = torch.exp(
-            torch.rand(self.nheads, **factory) * (math.log(dt_max) - math.log(dt_min))
-            + math.log(dt_min)
-        ).clamp(min=dt_init_floor)
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # inverse of softplus
-        self.dt_bias._no_weight_decay = True
+        self.dt_bias = no_weight_decay(
+            dt_bias(self.nheads, dt_min, dt_max, dt_init_floor, **factory)
+        )
         if not (0 < A_init_range[0] <= A_init_range[1]):
             raise ValueError(f"A_init_range must be 0 < low <= high, got {A_init_range}")
         A = torch.empty(self.nheads, dtype=torch.float32, device=device).uniform_(*A_init_range)
-        self.A_log = nn.Parameter(torch.log(A).to(dtype=dtype))
-        self.A_log._no_weight_decay = True
-        self.D = nn.Parameter(
+        self.A_log = no_weight_decay(torch.log(A).to(dtype=dtype))
+        self.D = no_weight_decay(
             torch.ones(self.d_inner if D_has_hdim else self.nheads, device=device)
         )
-        self.D._no_weight_decay = True
         if rmsnorm:
             self.norm = RMSNormGated(
                 self.d_inner,
