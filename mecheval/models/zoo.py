@@ -12,6 +12,8 @@ short convolutions (Mamba keeps the conv's SiLU).
 
 from __future__ import annotations
 
+import functools
+
 from mecheval.layers import (
     H3,
     BaseConv,
@@ -68,12 +70,8 @@ def based(
     num_heads: int = 1,
 ) -> BaseConv | BasedLinearAttention:
     _int("d_conv", d_conv, 1, 8)
-    _divides(d_model, "num_heads", _int("num_heads", num_heads))
-    if layer_idx % 2 == 0:
-        return BaseConv(d_model, l_max, kernel_size=d_conv)
-    return BasedLinearAttention(
-        d_model, feature_dim=_int("feature_dim", feature_dim), num_heads=num_heads
-    )
+    conv = functools.partial(BaseConv, d_model, l_max, kernel_size=d_conv)
+    return _based(d_model, layer_idx, feature_dim, num_heads, conv)
 
 
 def based_long(
@@ -84,10 +82,16 @@ def based_long(
     feature_dim: int = 8,
     num_heads: int = 1,
 ) -> BaseConv | BasedLinearAttention:
+    conv = functools.partial(base_conv_long, d_model, l_max, filter_order)
+    return _based(d_model, layer_idx, feature_dim, num_heads, conv)
+
+
+def _based(d_model, layer_idx, feature_dim, num_heads, conv) -> BaseConv | BasedLinearAttention:
+    """Layer `layer_idx` of a Based model: the BaseConv `conv()` builds in even layers, Based
+    linear attention in odd ones."""
     _divides(d_model, "num_heads", _int("num_heads", num_heads))
     if layer_idx % 2 == 0:
-        order = _int("filter_order", filter_order)
-        return BaseConv(d_model, l_max, kernel_size=-1, filter_order=order)
+        return conv()
     return BasedLinearAttention(
         d_model, feature_dim=_int("feature_dim", feature_dim), num_heads=num_heads
     )
@@ -168,45 +172,35 @@ def _mamba2(d_model, layer_idx, d_state, d_conv, expand, head_dim) -> Mamba2:
 
 
 def deltanet(d_model: int, layer_idx: int, d_conv: int = 4, num_heads: int = 1) -> DeltaNet:
-    return _deltanet(d_model, layer_idx, _int("d_conv", d_conv, 1, 8), num_heads)
+    return _delta_rule(DeltaNet, d_model, layer_idx, _int("d_conv", d_conv, 1, 8), num_heads)
 
 
 def deltanet_noconv(d_model: int, layer_idx: int, num_heads: int = 1) -> DeltaNet:
-    return _deltanet(d_model, layer_idx, None, num_heads)
-
-
-def _deltanet(d_model, layer_idx, d_conv, num_heads) -> DeltaNet:
-    _divides(d_model, "num_heads", _int("num_heads", num_heads))
-    return DeltaNet(
-        d_model=d_model,
-        num_heads=num_heads,
-        use_short_conv=d_conv is not None,
-        conv_size=d_conv or 4,
-        layer_idx=layer_idx,
-    )
+    return _delta_rule(DeltaNet, d_model, layer_idx, None, num_heads)
 
 
 def gated_deltanet(
     d_model: int, layer_idx: int, d_conv: int = 4, num_heads: int = 1
 ) -> GatedDeltaNet:
-    return _gated_deltanet(d_model, layer_idx, _int("d_conv", d_conv, 1, 8), num_heads)
+    return _delta_rule(GatedDeltaNet, d_model, layer_idx, _int("d_conv", d_conv, 1, 8), num_heads)
 
 
 def gated_deltanet_noconv(d_model: int, layer_idx: int, num_heads: int = 1) -> GatedDeltaNet:
-    return _gated_deltanet(d_model, layer_idx, None, num_heads)
+    return _delta_rule(GatedDeltaNet, d_model, layer_idx, None, num_heads)
 
 
-def _gated_deltanet(d_model, layer_idx, d_conv, num_heads) -> GatedDeltaNet:
-    """One value per key dimension (expand_v 1, not fla's 2): DeltaNet's state size."""
+def _delta_rule(layer, d_model, layer_idx, d_conv, num_heads) -> DeltaNet | GatedDeltaNet:
+    """DeltaNet or Gated DeltaNet, d_conv None: without short convs. Gated DeltaNet with one
+    value per key dimension (expand_v 1, not fla's 2): DeltaNet's state size."""
     _divides(d_model, "num_heads", _int("num_heads", num_heads))
-    return GatedDeltaNet(
+    sizes = {"head_dim": d_model // num_heads, "expand_v": 1.0} if layer is GatedDeltaNet else {}
+    return layer(
         d_model=d_model,
-        head_dim=d_model // num_heads,
         num_heads=num_heads,
-        expand_v=1.0,
         use_short_conv=d_conv is not None,
         conv_size=d_conv or 4,
         layer_idx=layer_idx,
+        **sizes,
     )
 
 
