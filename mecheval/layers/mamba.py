@@ -33,7 +33,44 @@ from mecheval.layers.sites import StateSite
 from mecheval.layers.ssm_init import dt_bias, no_weight_decay
 
 
-class Mamba(RecurrentMixer):
+class MambaBase(RecurrentMixer):
+    """What Mamba and Mamba-2 share: their sizes (d_inner = expand * d_model), the input
+    projection `in_proj`, the optional short conv (width d_conv, SiLU) over `conv_dim` of its
+    channels, the output projection `out_proj`, the state site, and the floats they carry
+    between tokens. A subclass's constructor calls `_add_input` before its SSM parameters and
+    `_add_output` after them, in mamba-ssm's order (which draws mamba-ssm's initial weights).
+    """
+
+    def __init__(
+        self, d_model: int, d_state: int, d_conv: int, expand: int, layer_idx, use_conv: bool
+    ) -> None:
+        super().__init__()
+        self.d_model, self.d_state, self.d_conv, self.expand = d_model, d_state, d_conv, expand
+        self.d_inner = int(expand * d_model)
+        self.layer_idx, self.use_conv, self.activation = layer_idx, use_conv, "silu"
+
+    def _add_input(self, width: int, conv_dim: int, bias: bool, conv_bias: bool, **factory):
+        """`in_proj` (d_model -> width) and, with use_conv, the conv over conv_dim of its
+        channels (Mamba's x, Mamba-2's xBC; `factory`: device and dtype)."""
+        self.conv_dim = conv_dim
+        self.in_proj = nn.Linear(self.d_model, width, bias=bias, **factory)
+        if self.use_conv:
+            channels = {"conv": (conv_dim, "silu")}
+            self.add_convs("d_conv", self.d_conv, conv_bias, channels, **factory)
+
+    def _add_output(self, bias: bool, **factory) -> None:
+        """`out_proj` (d_inner -> d_model) and the state site."""
+        self.out_proj = nn.Linear(self.d_inner, self.d_model, bias=bias, **factory)
+        self.state = StateSite("state")
+
+    def state_size(self, sequence_length: int) -> int:
+        """Floats carried between tokens: the SSM state d_inner * d_state plus the conv's last
+        d_conv - 1 inputs of its conv_dim channels. (zoology counts only Mamba's SSM state.)"""
+        window = self.d_conv - 1 if self.use_conv else 0
+        return self.d_inner * self.d_state + self.conv_dim * window
+
+
+class Mamba(MambaBase):
     """Mamba mixer.
 
     Sites: `conv_input` / `conv_output` (B, L, d_inner), x before the conv and after conv +
@@ -81,17 +118,11 @@ class Mamba(RecurrentMixer):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(d_model, d_state, d_conv, expand, layer_idx, use_conv)
         factory = {"device": device, "dtype": dtype}
-        self.d_model, self.d_state, self.d_conv, self.expand = d_model, d_state, d_conv, expand
-        self.d_inner = int(expand * d_model)
         self.dt_rank = math.ceil(d_model / 16) if dt_rank == "auto" else int(dt_rank)
-        self.use_fast_path, self.layer_idx, self.use_conv = use_fast_path, layer_idx, use_conv
-
-        self.in_proj = nn.Linear(d_model, 2 * self.d_inner, bias=bias, **factory)
-        if use_conv:
-            self.add_convs("d_conv", d_conv, conv_bias, {"conv": (self.d_inner, "silu")}, **factory)
-        self.activation = "silu"
+        self.use_fast_path = use_fast_path
+        self._add_input(2 * self.d_inner, self.d_inner, bias, conv_bias, **factory)
         self.x_proj = nn.Linear(self.d_inner, self.dt_rank + 2 * d_state, bias=False, **factory)
         self.dt_proj = nn.Linear(self.dt_rank, self.d_inner, bias=True, **factory)
 
@@ -112,8 +143,7 @@ class Mamba(RecurrentMixer):
         A = torch.arange(1, d_state + 1, dtype=torch.float32, device=device).repeat(self.d_inner, 1)
         self.A_log = no_weight_decay(torch.log(A))
         self.D = no_weight_decay(torch.ones(self.d_inner, device=device))
-        self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias, **factory)
-        self.state = StateSite("state")
+        self._add_output(bias, **factory)
 
     @property
     def reach_site(self) -> str | None:
@@ -144,9 +174,3 @@ class Mamba(RecurrentMixer):
 
     def output(self, out: torch.Tensor, aside: None, at: torch.Tensor | None) -> torch.Tensor:
         return self.out_proj(out.transpose(1, 2))
-
-    def state_size(self, sequence_length: int) -> int:
-        """Floats carried between tokens: the SSM state d_inner * d_state plus the conv's
-        last d_conv - 1 inputs. (zoology counts only the SSM state.)"""
-        window = self.d_conv - 1 if self.use_conv else 0
-        return self.d_inner * (self.d_state + window)

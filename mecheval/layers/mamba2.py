@@ -27,9 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
-from mecheval.layers.recurrent import RecurrentMixer
+from mecheval.layers.mamba import MambaBase
 from mecheval.layers.resume import pick
-from mecheval.layers.sites import StateSite
 from mecheval.layers.ssm_init import dt_bias, no_weight_decay
 
 
@@ -73,7 +72,7 @@ class RMSNormGated(nn.Module):
         return out.to(dtype)
 
 
-class Mamba2(RecurrentMixer):
+class Mamba2(MambaBase):
     """Mamba-2 mixer.
 
     Sites: `conv_input` / `conv_output` (B, L, d_inner + 2 ngroups d_state), xBC before the
@@ -136,10 +135,8 @@ class Mamba2(RecurrentMixer):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(d_model, d_state, d_conv, expand, layer_idx, use_conv)
         factory = {"device": device, "dtype": dtype}
-        self.d_model, self.d_state, self.d_conv, self.expand = d_model, d_state, d_conv, expand
-        self.d_inner = int(expand * d_model)
         if self.d_inner % headdim:
             raise ValueError(f"d_inner = {self.d_inner} must be divisible by headdim {headdim}")
         self.headdim, self.nheads, self.ngroups = headdim, self.d_inner // headdim, ngroups
@@ -147,30 +144,13 @@ class Mamba2(RecurrentMixer):
             raise ValueError(f"nheads = {self.nheads} must be divisible by ngroups {ngroups}")
         self.D_has_hdim, self.rmsnorm, self.norm_before_gate = D_has_hdim, rmsnorm, norm_before_gate
         self.chunk_size, self.use_mem_eff_path = chunk_size, use_mem_eff_path
-        self.layer_idx, self.use_conv, self.activation = layer_idx, use_conv, "silu"
-        self.conv_dim = self.d_inner + 2 * ngroups * d_state
 
-        # Order: [z, x, B, C, dt]
-        d_in_proj = 2 * self.d_inner + 2 * ngroups * d_state + self.nheads
-        self.in_proj = nn.Linear(d_model, d_in_proj, bias=bias, **factory)
-        if use_conv:
-            self.add_convs(
-                "d_conv", d_conv, conv_bias, {"conv": (self.conv_dim, "silu")}, **factory
-            )
-            if conv_init is not None:
-                nn.init.uniform_(self.conv1d.weight, -conv_init, conv_init)
-
-        # softplus(dt_bias) log-uniform in [dt_min, dt_max], as mamba-ssm initialises it.
-        self.dt_bias = no_weight_decay(
-            dt_bias(self.nheads, dt_min, dt_max, dt_init_floor, **factory)
-        )
-        if not (0 < A_init_range[0] <= A_init_range[1]):
-            raise ValueError(f"A_init_range must be 0 < low <= high, got {A_init_range}")
-        A = torch.empty(self.nheads, dtype=torch.float32, device=device).uniform_(*A_init_range)
-        self.A_log = no_weight_decay(torch.log(A).to(dtype=dtype))
-        self.D = no_weight_decay(
-            torch.ones(self.d_inner if D_has_hdim else self.nheads, device=device)
-        )
+        # in_proj's order: [z, x, B, C, dt]; the conv reads xBC.
+        conv_dim = self.d_inner + 2 * ngroups * d_state
+        self._add_input(self.d_inner + conv_dim + self.nheads, conv_dim, bias, conv_bias, **factory)
+        if use_conv and conv_init is not None:
+            nn.init.uniform_(self.conv1d.weight, -conv_init, conv_init)
+        self._add_ssm(A_init_range, dt_min, dt_max, dt_init_floor, **factory)
         if rmsnorm:
             self.norm = RMSNormGated(
                 self.d_inner,
@@ -179,8 +159,21 @@ class Mamba2(RecurrentMixer):
                 norm_before_gate=norm_before_gate,
                 **factory,
             )
-        self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias, **factory)
-        self.state = StateSite("state")
+        self._add_output(bias, **factory)
+
+    def _add_ssm(self, A_init_range, dt_min, dt_max, dt_init_floor, device, dtype) -> None:
+        """dt_bias, A_log and D, as mamba-ssm initialises them: softplus(dt_bias) log-uniform
+        in [dt_min, dt_max], A = -exp(A_log) minus a uniform draw from A_init_range, D ones."""
+        self.dt_bias = no_weight_decay(
+            dt_bias(self.nheads, dt_min, dt_max, dt_init_floor, device=device, dtype=dtype)
+        )
+        if not (0 < A_init_range[0] <= A_init_range[1]):
+            raise ValueError(f"A_init_range must be 0 < low <= high, got {A_init_range}")
+        A = torch.empty(self.nheads, dtype=torch.float32, device=device).uniform_(*A_init_range)
+        self.A_log = no_weight_decay(torch.log(A).to(dtype=dtype))
+        self.D = no_weight_decay(
+            torch.ones(self.d_inner if self.D_has_hdim else self.nheads, device=device)
+        )
 
     # Contexts come from a base run in segments: a pass that also reads the states runs the
     # scan in its selective-scan form, slower than the chunked SSD of the segments (the named
@@ -217,9 +210,3 @@ class Mamba2(RecurrentMixer):
         if self.rmsnorm:
             y = self.norm(y, pick(z, at))
         return self.out_proj(y)
-
-    def state_size(self, sequence_length: int) -> int:
-        """Floats carried between tokens: the SSM state d_inner * d_state plus the conv's
-        last d_conv - 1 inputs of its d_inner + 2 ngroups d_state channels."""
-        window = self.d_conv - 1 if self.use_conv else 0
-        return self.d_inner * self.d_state + self.conv_dim * window
