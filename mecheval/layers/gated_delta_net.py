@@ -29,7 +29,6 @@ from torch import nn
 import kernels
 from mecheval.layers.qkv_convs import ShortConvQKV
 from mecheval.layers.resume import pick
-from mecheval.layers.sites import StateSite
 from mecheval.layers.ssm_init import dt_bias, no_weight_decay
 
 
@@ -106,15 +105,10 @@ class GatedDeltaNet(ShortConvQKV):
             )
         if head_dim < 1 or num_heads < 1:
             raise ValueError(f"head_dim and num_heads must be >= 1, got {head_dim}, {num_heads}")
-        self.hidden_size, self.num_heads = hidden_size, num_heads
-        self.head_k_dim, self.head_v_dim = head_dim, int(round(head_v_dim))
-        self.key_dim, self.value_dim = num_heads * head_dim, num_heads * self.head_v_dim
         self.use_gate, self.use_short_conv, self.conv_size = use_gate, use_short_conv, conv_size
         self.allow_neg_eigval, self.layer_idx = allow_neg_eigval, layer_idx
 
-        self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
-        self.k_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
-        self.v_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
+        self._add_qkv(hidden_size, num_heads, head_dim, int(round(head_v_dim)))
         self.a_proj = nn.Linear(hidden_size, num_heads, bias=False)
         self.b_proj = nn.Linear(hidden_size, num_heads, bias=False)
         # fla's init: decay rates A ~ U(0, 16), softplus(dt_bias) log-uniform in [dt_min, dt_max].
@@ -127,8 +121,7 @@ class GatedDeltaNet(ShortConvQKV):
             self.o_norm = GatedRMSNorm(self.head_v_dim, eps=norm_eps)
         else:
             self.o_norm = nn.RMSNorm(self.head_v_dim, eps=norm_eps)
-        self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
-        self.state = StateSite("state")
+        self._add_output()
 
     def scan_inputs(self, hidden_states, windows, state, resume) -> tuple:
         """See RecurrentMixer: the gated delta rule; the output gate reads the input (aside)."""
@@ -137,16 +130,13 @@ class GatedDeltaNet(ShortConvQKV):
         g = -self.A_log.float().exp() * F.softplus(
             self.a_proj(hidden_states).float() + self.dt_bias.float()
         )
-        beta = self.b_proj(hidden_states).sigmoid()
-        if self.allow_neg_eigval:
-            beta = beta * 2
         scan_at = functools.partial(
             kernels.chunk_gated_delta_rule_at,
             q,
             k,
             v,
             g,
-            beta,
+            self._beta(hidden_states),
             initial_state=state,
             use_qk_l2norm_in_kernel=True,
         )
