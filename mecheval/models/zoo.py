@@ -118,24 +118,11 @@ def mamba(
 ) -> Mamba:
     """d_conv in 1..4: the study's ablation covers 1..4 (and mamba-ssm's CUDA conv stops
     there)."""
-    _int("d_conv", d_conv, 1, 4)
-    return Mamba(
-        d_model,
-        d_state=_int("d_state", d_state),
-        d_conv=d_conv,
-        expand=_int("expand", expand),
-        layer_idx=layer_idx,
-    )
+    return _mamba(Mamba, d_model, layer_idx, d_state, _int("d_conv", d_conv, 1, 4), expand)
 
 
 def mamba_noconv(d_model: int, layer_idx: int, d_state: int = 16, expand: int = 2) -> Mamba:
-    return Mamba(
-        d_model,
-        d_state=_int("d_state", d_state),
-        expand=_int("expand", expand),
-        layer_idx=layer_idx,
-        use_conv=False,
-    )
+    return _mamba(Mamba, d_model, layer_idx, d_state, None, expand)
 
 
 def mamba2(
@@ -147,27 +134,34 @@ def mamba2(
     head_dim: int = 16,
 ) -> Mamba2:
     """Mamba-2 at the study's widths (docs/deviations.md: d_state 64, head_dim 16)."""
-    return _mamba2(d_model, layer_idx, d_state, _int("d_conv", d_conv, 1, 8), expand, head_dim)
+    d_conv = _int("d_conv", d_conv, 1, 8)
+    return _mamba(Mamba2, d_model, layer_idx, d_state, d_conv, expand, head_dim)
 
 
 def mamba2_noconv(
     d_model: int, layer_idx: int, d_state: int = 64, expand: int = 2, head_dim: int = 16
 ) -> Mamba2:
-    return _mamba2(d_model, layer_idx, d_state, None, expand, head_dim)
+    return _mamba(Mamba2, d_model, layer_idx, d_state, None, expand, head_dim)
 
 
-def _mamba2(d_model, layer_idx, d_state, d_conv, expand, head_dim) -> Mamba2:
-    d_inner = _int("expand", expand) * d_model
-    if d_inner % _int("head_dim", head_dim):
-        raise ValueError(f"expand * d_model = {d_inner} must be divisible by head_dim {head_dim}")
-    return Mamba2(
+def _mamba(layer, d_model, layer_idx, d_state, d_conv, expand, head_dim=None) -> Mamba | Mamba2:
+    """Mamba, or Mamba-2 with heads of head_dim channels; d_conv None: without the conv."""
+    heads = {}
+    if layer is Mamba2:
+        d_inner = _int("expand", expand) * d_model
+        if d_inner % _int("head_dim", head_dim):
+            raise ValueError(
+                f"expand * d_model = {d_inner} must be divisible by head_dim {head_dim}"
+            )
+        heads = {"headdim": head_dim}
+    return layer(
         d_model,
         d_state=_int("d_state", d_state),
         d_conv=d_conv or 4,
-        expand=expand,
-        headdim=head_dim,
+        expand=_int("expand", expand),
         layer_idx=layer_idx,
         use_conv=d_conv is not None,
+        **heads,
     )
 
 
