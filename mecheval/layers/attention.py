@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mecheval.layers.mixer import Mixer
-from mecheval.layers.resume import Resume
+from mecheval.layers.resume import Resume, leave_context, resumed_from
 
 
 @functools.cache
@@ -66,17 +66,16 @@ class CausalSelfAttention(Mixer):
         B, L, _ = x.shape
         qkv = self.Wqkv(x).view(B, L, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, L, head_dim)
-        if resume is None or resume.state is None:
+        k_before, v_before = resumed_from(resume, 2)
+        if k_before is None:
             y = causal_attention(q, k, v)
         else:  # queries at positions P.. see the P earlier keys and the causal part of these
-            k_before, v_before = resume.state
             k, v = torch.cat([k_before, k], dim=2), torch.cat([v_before, v], dim=2)
             P = k.shape[2] - L
             keys = torch.arange(P + L, device=x.device)
             mask = keys[None, :] <= (P + torch.arange(L, device=x.device))[:, None]
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        if resume is not None:
-            resume.state = (k, v)
+        leave_context(resume, k, v)
         return self.out_proj(y.transpose(1, 2).reshape(B, L, self.d_model))
 
     def state_size(self, sequence_length: int) -> int:

@@ -14,9 +14,8 @@ from torch import nn
 
 from mecheval.layers.long_conv import ImplicitLongConvolution
 from mecheval.layers.mixer import Mixer
-from mecheval.layers.resume import Resume
+from mecheval.layers.resume import Resume, leave_context, resumed_from
 from mecheval.layers.short_conv import ShortConvolution
-from mecheval.layers.sites import Site
 
 
 class BaseConv(Mixer):
@@ -46,8 +45,7 @@ class BaseConv(Mixer):
             prefix = "conv"
         # Registered under their site names, so module paths match site names.
         self._site_names = (f"{prefix}_input", f"{prefix}_output")
-        for name in self._site_names:
-            self.add_module(name, Site(name))
+        self.add_sites(*self._site_names)
 
     # Context: the short conv's last W - 1 inputs (B, d, W - 1), or every past input of the long
     # conv (B, P, d).
@@ -75,14 +73,13 @@ class BaseConv(Mixer):
     def forward(self, u: torch.Tensor, resume: Resume | None = None) -> torch.Tensor:
         """u: (B, L, d_model) -> (B, L, d_model)."""
         site_in, site_out = (getattr(self, name) for name in self._site_names)
-        before = None if resume is None or resume.state is None else resume.state[0]
+        (before,) = resumed_from(resume, 1)
         c = site_in(u)
         if self.is_long:
             c, context = self.conv(c, before)
         else:
             c, context = self.conv(c, cache=before, output_final_state=resume is not None)
-        if resume is not None:
-            resume.state = (context,)
+        leave_context(resume, context)
         c = site_out(c)
         return c * self.projection(u) + u
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from mecheval.layers.mixer import Mixer
-from mecheval.layers.resume import Resume
+from mecheval.layers.resume import Resume, leave_context, resumed_from
 
 
 class BasedLinearAttention(Mixer):
@@ -60,11 +60,10 @@ class BasedLinearAttention(Mixer):
         q = self.proj_q(x).view(B, L, H, F).transpose(1, 2)
         k = self.proj_k(x).view(B, L, H, F).transpose(1, 2)
         v = self.proj_v(x).view(B, L, H, self.head_dim).transpose(1, 2)
-        if resume is not None and resume.state is not None:
-            k = torch.cat([resume.state[0], k], dim=2)
-            v = torch.cat([resume.state[1], v], dim=2)
-        if resume is not None:
-            resume.state = (k, v)
+        k_before, v_before = resumed_from(resume, 2)
+        if k_before is not None:
+            k, v = torch.cat([k_before, k], dim=2), torch.cat([v_before, v], dim=2)
+        leave_context(resume, k, v)
         P = k.shape[2] - L  # the positions before these queries
         s = q @ k.transpose(-1, -2) / math.sqrt(F)  # (B, H, L, P + L)
         a = 1 + s + 0.5 * s * s

@@ -23,8 +23,6 @@ from torch import nn
 
 import kernels
 from mecheval.layers.qkv_convs import ShortConvQKV
-from mecheval.layers.resume import Resume
-from mecheval.layers.sites import StateSite
 
 QK_ACTIVATIONS = ("silu", "relu", "elu", "identity")
 QK_NORMS = ("l2", "sum")
@@ -79,40 +77,26 @@ class DeltaNet(ShortConvQKV):
             raise ValueError(f"qk_norm must be one of {QK_NORMS}, got {qk_norm!r}")
         if d_model is not None:
             hidden_size = d_model
-        self.hidden_size = hidden_size
-        self.key_dim, self.value_dim = int(hidden_size * expand_k), int(hidden_size * expand_v)
-        if self.key_dim % num_heads or self.value_dim % num_heads:
+        key_dim, value_dim = int(hidden_size * expand_k), int(hidden_size * expand_v)
+        if key_dim % num_heads or value_dim % num_heads:
             raise ValueError(
-                f"key_dim {self.key_dim} and value_dim {self.value_dim} must be divisible by "
+                f"key_dim {key_dim} and value_dim {value_dim} must be divisible by "
                 f"num_heads {num_heads}"
             )
-        self.num_heads = num_heads
-        self.head_k_dim, self.head_v_dim = self.key_dim // num_heads, self.value_dim // num_heads
         self.use_beta, self.use_short_conv, self.conv_size = use_beta, use_short_conv, conv_size
         self.allow_neg_eigval, self.layer_idx = allow_neg_eigval, layer_idx
         self.qk_activation, self.qk_norm = qk_activation, qk_norm
 
-        self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
-        self.k_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
-        self.v_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
+        self._add_qkv(hidden_size, num_heads, key_dim // num_heads, value_dim // num_heads)
         if use_beta:
             self.b_proj = nn.Linear(hidden_size, num_heads, bias=False)
         if use_short_conv:
             self._add_convs(conv_size, conv_bias, "silu" if qk_activation == "silu" else None)
         self.o_norm = nn.RMSNorm(self.head_v_dim, eps=norm_eps)
-        self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
-        self.state = StateSite("state")
+        self._add_output()
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        resume: Resume | None = None,
-        at: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """hidden_states: (B, T, hidden_size) -> (B, T, hidden_size), or (B, 1, hidden_size) at
-        positions `at` (B,)."""
-        batch, length, _ = hidden_states.shape
-        windows, state = self.context_in(resume)
+    def scan_inputs(self, hidden_states, windows, state, resume) -> tuple:
+        """See RecurrentMixer: the delta rule on the (activated) q, k, v."""
         q, k, v, windows = self._qkv(hidden_states, windows, resume, self.qk_activation == "silu")
         if self.qk_activation == "relu":
             q, k = q.relu(), k.relu()
@@ -120,24 +104,19 @@ class DeltaNet(ShortConvQKV):
             q, k = F.elu(q) + 1, F.elu(k) + 1
         if self.qk_norm == "sum":
             q, k = q / q.sum(-1, keepdim=True), k / k.sum(-1, keepdim=True)
-        if self.use_beta:
-            beta = self.b_proj(hidden_states).sigmoid()
-        else:
-            beta = hidden_states.new_ones(batch, length, self.num_heads)
-        if self.allow_neg_eigval:
-            beta = beta * 2
         scan_at = functools.partial(
             kernels.chunk_delta_rule_at,
             q,
             k,
             v,
-            beta,
+            self._beta(hidden_states),
             initial_state=state,
             use_qk_l2norm_in_kernel=self.qk_norm == "l2",
         )
-        result = self.scan(scan_at, batch, length, at, resume)
-        self.leave(resume, windows, result.final_state)
+        return scan_at, windows, None
+
+    def output(self, out: torch.Tensor, aside: None, at: torch.Tensor | None) -> torch.Tensor:
         # In float32: the kernel returns q's dtype (bf16 under autocast), the norm's weight is
         # float32, and a mixed-dtype RMSNorm falls off its fused path with a warning.
-        o = self.o_norm(result.out.float())
-        return self.o_proj(o.reshape(batch, o.shape[1], self.value_dim))
+        o = self.o_norm(out.float())  # (B, T or 1, H, V)
+        return self.o_proj(o.flatten(-2))

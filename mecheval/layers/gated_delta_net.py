@@ -28,8 +28,8 @@ from torch import nn
 
 import kernels
 from mecheval.layers.qkv_convs import ShortConvQKV
-from mecheval.layers.resume import Resume, pick
-from mecheval.layers.sites import StateSite
+from mecheval.layers.resume import pick
+from mecheval.layers.ssm_init import dt_bias, no_weight_decay
 
 
 class GatedRMSNorm(nn.Module):
@@ -105,25 +105,15 @@ class GatedDeltaNet(ShortConvQKV):
             )
         if head_dim < 1 or num_heads < 1:
             raise ValueError(f"head_dim and num_heads must be >= 1, got {head_dim}, {num_heads}")
-        self.hidden_size, self.num_heads = hidden_size, num_heads
-        self.head_k_dim, self.head_v_dim = head_dim, int(round(head_v_dim))
-        self.key_dim, self.value_dim = num_heads * head_dim, num_heads * self.head_v_dim
         self.use_gate, self.use_short_conv, self.conv_size = use_gate, use_short_conv, conv_size
         self.allow_neg_eigval, self.layer_idx = allow_neg_eigval, layer_idx
 
-        self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
-        self.k_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
-        self.v_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
+        self._add_qkv(hidden_size, num_heads, head_dim, int(round(head_v_dim)))
         self.a_proj = nn.Linear(hidden_size, num_heads, bias=False)
         self.b_proj = nn.Linear(hidden_size, num_heads, bias=False)
         # fla's init: decay rates A ~ U(0, 16), softplus(dt_bias) log-uniform in [dt_min, dt_max].
-        self.A_log = nn.Parameter(torch.empty(num_heads).uniform_(0, 16).log())
-        self.A_log._no_weight_decay = True
-        dt = torch.exp(
-            torch.rand(num_heads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)
-        ).clamp(min=dt_init_floor)
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^{-1}(dt)
-        self.dt_bias._no_weight_decay = True
+        self.A_log = no_weight_decay(torch.empty(num_heads).uniform_(0, 16).log())
+        self.dt_bias = no_weight_decay(dt_bias(num_heads, dt_min, dt_max, dt_init_floor))
         if use_short_conv:
             self._add_convs(conv_size, conv_bias, "silu")
         if use_gate:
@@ -131,45 +121,34 @@ class GatedDeltaNet(ShortConvQKV):
             self.o_norm = GatedRMSNorm(self.head_v_dim, eps=norm_eps)
         else:
             self.o_norm = nn.RMSNorm(self.head_v_dim, eps=norm_eps)
-        self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
-        self.state = StateSite("state")
+        self._add_output()
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        resume: Resume | None = None,
-        at: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """hidden_states: (B, T, hidden_size) -> (B, T, hidden_size), or (B, 1, hidden_size) at
-        positions `at` (B,)."""
-        batch, length, _ = hidden_states.shape
-        windows, state = self.context_in(resume)
+    def scan_inputs(self, hidden_states, windows, state, resume) -> tuple:
+        """See RecurrentMixer: the gated delta rule; the output gate reads the input (aside)."""
         q, k, v, windows = self._qkv(hidden_states, windows, resume, True)
         # Decays and write strengths in float32 (fla computes g in float32 too).
         g = -self.A_log.float().exp() * F.softplus(
             self.a_proj(hidden_states).float() + self.dt_bias.float()
         )
-        beta = self.b_proj(hidden_states).sigmoid()
-        if self.allow_neg_eigval:
-            beta = beta * 2
         scan_at = functools.partial(
             kernels.chunk_gated_delta_rule_at,
             q,
             k,
             v,
             g,
-            beta,
+            self._beta(hidden_states),
             initial_state=state,
             use_qk_l2norm_in_kernel=True,
         )
-        result = self.scan(scan_at, batch, length, at, resume)
-        self.leave(resume, windows, result.final_state)
-        o = result.out  # (B, T or 1, H, V)
+        return scan_at, windows, hidden_states
+
+    def output(self, o: torch.Tensor, hidden_states, at: torch.Tensor | None) -> torch.Tensor:
+        """o: (B, T or 1, H, V)."""
         # In float32: the kernel returns q's dtype (bf16 under autocast), the norm's weight is
         # float32 (a mixed-dtype RMSNorm falls off its fused path with a warning).
         if self.use_gate:
-            gate = self.g_proj(hidden_states if at is None else pick(hidden_states, at))
-            o = self.o_norm(o, gate.view(batch, o.shape[1], self.num_heads, self.head_v_dim))
+            gate = self.g_proj(pick(hidden_states, at))
+            o = self.o_norm(o, gate.unflatten(-1, (self.num_heads, self.head_v_dim)))
         else:
             o = self.o_norm(o.float())
-        return self.o_proj(o.reshape(batch, o.shape[1], self.value_dim))
+        return self.o_proj(o.flatten(-2))

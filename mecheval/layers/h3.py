@@ -24,8 +24,8 @@ from torch import nn
 
 from mecheval.layers.long_conv import cached_taps, resumed_long_conv
 from mecheval.layers.mixer import Mixer
-from mecheval.layers.resume import Resume, pick
-from mecheval.layers.sites import Site
+from mecheval.layers.resume import Resume, leave_context, pick, resumed_from
+from mecheval.layers.ssm_init import log_uniform_log
 
 
 class H3(Mixer):
@@ -70,19 +70,14 @@ class H3(Mixer):
         self.shift_C = nn.Parameter(torch.empty(d_model, d_state).uniform_(-bound, bound))
         self.shift_D = nn.Parameter(torch.randn(d_model))
         # Diagonal SSM (S4D-Lin): A_n = -exp(inv_A_real) + i A_imag, A_n = -1/2 + i pi n.
-        self.log_dt = nn.Parameter(
-            torch.rand(H) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)
-        )
+        self.log_dt = nn.Parameter(log_uniform_log(H, dt_min, dt_max))
         self.inv_A_real = nn.Parameter(torch.full((H, modes), math.log(0.5)))
         self.A_imag = nn.Parameter(math.pi * torch.arange(modes, dtype=torch.float32).repeat(H, 1))
         self.B = nn.Parameter(torch.view_as_real(torch.ones(H, modes, dtype=torch.cfloat)).clone())
         self.C = nn.Parameter(torch.view_as_real(torch.randn(H, modes, dtype=torch.cfloat)))
         self.D = nn.Parameter(torch.randn(H))
         self.output_linear = nn.Linear(d_model, d_model)
-        self.conv_input = Site("conv_input")
-        self.conv_output = Site("conv_output")
-        self.long_conv_input = Site("long_conv_input")
-        self.long_conv_output = Site("long_conv_output")
+        self.add_sites("conv_input", "conv_output", "long_conv_input", "long_conv_output")
 
     # Declarations (mecheval.layers.mixer). Context: every past input of the shift SSM
     # (B, P, d_model) and of the diagonal SSM (B, P, H head_dim^2), both run as long
@@ -138,9 +133,7 @@ class H3(Mixer):
         """u: (B, L, d_model) -> (B, L, d_model), or (B, 1, d_model) at positions `at` (B,)."""
         B, L, d = u.shape
         H, P = self.num_heads, self.head_dim
-        k_before, kv_before = (
-            (None, None) if resume is None or resume.state is None else resume.state
-        )
+        k_before, kv_before = resumed_from(resume, 2)
         q, k, v = self.q_proj(u), self.k_proj(u), self.v_proj(u)
         k = self.conv_input(k)
         shifted, k_inputs = resumed_long_conv(
@@ -153,8 +146,7 @@ class H3(Mixer):
         y, kv_inputs = resumed_long_conv(
             kv, kv_before, lambda n: cached_taps(self, "diagonal", n, self._diagonal_taps), read
         )
-        if resume is not None:
-            resume.state = (k_inputs, kv_inputs)
+        leave_context(resume, k_inputs, kv_inputs)
         kv, q = pick(kv, read), pick(q, read)
         L = y.shape[1]
         y = y + kv * self.D.repeat_interleave(P * P)

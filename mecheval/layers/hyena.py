@@ -15,9 +15,8 @@ from torch import nn
 
 from mecheval.layers.long_conv import ImplicitFilter, resumed_long_conv
 from mecheval.layers.mixer import Mixer
-from mecheval.layers.resume import Resume, conv_window, pick
+from mecheval.layers.resume import Resume, conv_window, leave_context, pick, resumed_from
 from mecheval.layers.short_conv import ShortConvolution
-from mecheval.layers.sites import Site
 
 
 class Hyena(Mixer):
@@ -56,10 +55,7 @@ class Hyena(Mixer):
         )
         self.filter_fn = ImplicitFilter(d_model, l_max, order=filter_order)
         self.D = nn.Parameter(torch.randn(d_model))
-        self.conv_input = Site("conv_input")
-        self.conv_output = Site("conv_output")
-        self.long_conv_input = Site("long_conv_input")
-        self.long_conv_output = Site("long_conv_output")
+        self.add_sites("conv_input", "conv_output", "long_conv_input", "long_conv_output")
 
     # Declarations (mecheval.layers.mixer). Context: the short filter's last inputs
     # (B, 3 d, W - 1) and every past input of the long convolution (B, P, d).
@@ -85,7 +81,7 @@ class Hyena(Mixer):
     ) -> torch.Tensor:
         """u: (B, L, d_model) -> (B, L, d_model), or (B, 1, d_model) at positions `at` (B,)."""
         d = self.d_model
-        window, before = (None, None) if resume is None or resume.state is None else resume.state
+        window, before = resumed_from(resume, 2)
         p = self.conv_input(self.in_proj(u))
         p, window = self.short_filter(p, cache=window, output_final_state=resume is not None)
         p = self.conv_output(p)
@@ -93,8 +89,7 @@ class Hyena(Mixer):
         v = self.long_conv_input(v * x1)
         read = at if self.long_conv_output.idle else None  # else every position, then picked
         y, inputs = resumed_long_conv(v, before, self.filter_fn, read)
-        if resume is not None:
-            resume.state = (window, inputs)
+        leave_context(resume, window, inputs)
         v, x2 = pick(v, read), pick(x2, read)
         v = self.long_conv_output(y + v * self.D if self.use_skip else y)
         out = self.out_proj(v * x2)

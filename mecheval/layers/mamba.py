@@ -29,11 +29,48 @@ from torch import nn
 
 import kernels
 from mecheval.layers.recurrent import RecurrentMixer
-from mecheval.layers.resume import Resume
 from mecheval.layers.sites import StateSite
+from mecheval.layers.ssm_init import dt_bias, no_weight_decay
 
 
-class Mamba(RecurrentMixer):
+class MambaBase(RecurrentMixer):
+    """What Mamba and Mamba-2 share: their sizes (d_inner = expand * d_model), the input
+    projection `in_proj`, the optional short conv (width d_conv, SiLU) over `conv_dim` of its
+    channels, the output projection `out_proj`, the state site, and the floats they carry
+    between tokens. A subclass's constructor calls `_add_input` before its SSM parameters and
+    `_add_output` after them, in mamba-ssm's order (which draws mamba-ssm's initial weights).
+    """
+
+    def __init__(
+        self, d_model: int, d_state: int, d_conv: int, expand: int, layer_idx, use_conv: bool
+    ) -> None:
+        super().__init__()
+        self.d_model, self.d_state, self.d_conv, self.expand = d_model, d_state, d_conv, expand
+        self.d_inner = int(expand * d_model)
+        self.layer_idx, self.use_conv, self.activation = layer_idx, use_conv, "silu"
+
+    def _add_input(self, width: int, conv_dim: int, bias: bool, conv_bias: bool, **factory):
+        """`in_proj` (d_model -> width) and, with use_conv, the conv over conv_dim of its
+        channels (Mamba's x, Mamba-2's xBC; `factory`: device and dtype)."""
+        self.conv_dim = conv_dim
+        self.in_proj = nn.Linear(self.d_model, width, bias=bias, **factory)
+        if self.use_conv:
+            channels = {"conv": (conv_dim, "silu")}
+            self.add_convs("d_conv", self.d_conv, conv_bias, channels, **factory)
+
+    def _add_output(self, bias: bool, **factory) -> None:
+        """`out_proj` (d_inner -> d_model) and the state site."""
+        self.out_proj = nn.Linear(self.d_inner, self.d_model, bias=bias, **factory)
+        self.state = StateSite("state")
+
+    def state_size(self, sequence_length: int) -> int:
+        """Floats carried between tokens: the SSM state d_inner * d_state plus the conv's last
+        d_conv - 1 inputs of its conv_dim channels. (zoology counts only Mamba's SSM state.)"""
+        window = self.d_conv - 1 if self.use_conv else 0
+        return self.d_inner * self.d_state + self.conv_dim * window
+
+
+class Mamba(MambaBase):
     """Mamba mixer.
 
     Sites: `conv_input` / `conv_output` (B, L, d_inner), x before the conv and after conv +
@@ -81,28 +118,11 @@ class Mamba(RecurrentMixer):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(d_model, d_state, d_conv, expand, layer_idx, use_conv)
         factory = {"device": device, "dtype": dtype}
-        self.d_model, self.d_state, self.d_conv, self.expand = d_model, d_state, d_conv, expand
-        self.d_inner = int(expand * d_model)
         self.dt_rank = math.ceil(d_model / 16) if dt_rank == "auto" else int(dt_rank)
-        self.use_fast_path, self.layer_idx, self.use_conv = use_fast_path, layer_idx, use_conv
-
-        self.in_proj = nn.Linear(d_model, 2 * self.d_inner, bias=bias, **factory)
-        if use_conv:
-            if not 1 <= d_conv <= 8:
-                raise ValueError(f"d_conv must be in 1..8, got {d_conv}")
-            self.conv1d = nn.Conv1d(
-                self.d_inner,
-                self.d_inner,
-                kernel_size=d_conv,
-                groups=self.d_inner,
-                padding=d_conv - 1,
-                bias=conv_bias,
-                **factory,
-            )
-            self.add_conv_sites("conv")
-        self.activation = "silu"
+        self.use_fast_path = use_fast_path
+        self._add_input(2 * self.d_inner, self.d_inner, bias, conv_bias, **factory)
         self.x_proj = nn.Linear(self.d_inner, self.dt_rank + 2 * d_state, bias=False, **factory)
         self.dt_proj = nn.Linear(self.dt_rank, self.d_inner, bias=True, **factory)
 
@@ -115,24 +135,15 @@ class Mamba(RecurrentMixer):
             nn.init.uniform_(self.dt_proj.weight, -dt_init_std, dt_init_std)
         else:
             raise ValueError(f"dt_init must be 'random' or 'constant', got {dt_init!r}")
-        dt = torch.exp(
-            torch.rand(self.d_inner, **factory) * (math.log(dt_max) - math.log(dt_min))
-            + math.log(dt_min)
-        ).clamp(min=dt_init_floor)
-        inv_dt = dt + torch.log(-torch.expm1(-dt))  # inverse of softplus
         with torch.no_grad():
-            self.dt_proj.bias.copy_(inv_dt)
+            self.dt_proj.bias.copy_(dt_bias(self.d_inner, dt_min, dt_max, dt_init_floor, **factory))
         self.dt_proj.bias._no_reinit = True  # model-level inits leave it alone
 
         # S4D-real initialisation: A = -(1, 2, ..., N) for every channel; kept in float32.
         A = torch.arange(1, d_state + 1, dtype=torch.float32, device=device).repeat(self.d_inner, 1)
-        self.A_log = nn.Parameter(torch.log(A))
-        self.A_log._no_weight_decay = True
-        self.D = nn.Parameter(torch.ones(self.d_inner, device=device))
-        self.D._no_weight_decay = True
-        self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias, **factory)
-        self.state = StateSite("state")
-        self.convs = ("conv",) if use_conv else ()
+        self.A_log = no_weight_decay(torch.log(A))
+        self.D = no_weight_decay(torch.ones(self.d_inner, device=device))
+        self._add_output(bias, **factory)
 
     @property
     def reach_site(self) -> str | None:
@@ -140,22 +151,10 @@ class Mamba(RecurrentMixer):
         gates its own position)."""
         return "conv_input" if self.use_conv else None
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        resume: Resume | None = None,
-        at: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """hidden_states: (B, L, d_model) -> (B, L, d_model), or (B, 1, d_model) at positions
-        `at` (B,)."""
-        batch, length, _ = hidden_states.shape
-        windows, state = self.context_in(resume)
+    def scan_inputs(self, hidden_states, windows, state, resume) -> tuple:
+        """See RecurrentMixer: the selective scan of x, gated by z inside it."""
         x, z = self.in_proj(hidden_states).chunk(2, dim=-1)  # (B, L, d_inner) each
-        if self.use_conv:
-            x, window = self.convolve("conv", x, windows[0], resume)
-            windows = (window,)
-        else:
-            x = F.silu(x)
+        (x,), windows = self.short_convs((x,), windows, resume)
         dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         delta = F.linear(dt, self.dt_proj.weight)  # bias added (then softplus) in the scan
         scan_at = functools.partial(
@@ -171,12 +170,7 @@ class Mamba(RecurrentMixer):
             True,
             state,
         )
-        result = self.scan(scan_at, batch, length, at, resume)
-        self.leave(resume, windows, result.final_state)
-        return self.out_proj(result.out.transpose(1, 2))
+        return scan_at, windows, None
 
-    def state_size(self, sequence_length: int) -> int:
-        """Floats carried between tokens: the SSM state d_inner * d_state plus the conv's
-        last d_conv - 1 inputs. (zoology counts only the SSM state.)"""
-        window = self.d_conv - 1 if self.use_conv else 0
-        return self.d_inner * (self.d_state + window)
+    def output(self, out: torch.Tensor, aside: None, at: torch.Tensor | None) -> torch.Tensor:
+        return self.out_proj(out.transpose(1, 2))

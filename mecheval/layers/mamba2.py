@@ -21,16 +21,15 @@ use is declared by `RecurrentMixer` (mecheval.layers.recurrent). No incremental 
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import kernels
-from mecheval.layers.recurrent import RecurrentMixer
-from mecheval.layers.resume import Resume, pick
-from mecheval.layers.sites import StateSite
+from mecheval.layers.mamba import MambaBase
+from mecheval.layers.resume import pick
+from mecheval.layers.ssm_init import dt_bias, no_weight_decay
 
 
 class RMSNormGated(nn.Module):
@@ -73,7 +72,7 @@ class RMSNormGated(nn.Module):
         return out.to(dtype)
 
 
-class Mamba2(RecurrentMixer):
+class Mamba2(MambaBase):
     """Mamba-2 mixer.
 
     Sites: `conv_input` / `conv_output` (B, L, d_inner + 2 ngroups d_state), xBC before the
@@ -136,10 +135,8 @@ class Mamba2(RecurrentMixer):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(d_model, d_state, d_conv, expand, layer_idx, use_conv)
         factory = {"device": device, "dtype": dtype}
-        self.d_model, self.d_state, self.d_conv, self.expand = d_model, d_state, d_conv, expand
-        self.d_inner = int(expand * d_model)
         if self.d_inner % headdim:
             raise ValueError(f"d_inner = {self.d_inner} must be divisible by headdim {headdim}")
         self.headdim, self.nheads, self.ngroups = headdim, self.d_inner // headdim, ngroups
@@ -147,44 +144,13 @@ class Mamba2(RecurrentMixer):
             raise ValueError(f"nheads = {self.nheads} must be divisible by ngroups {ngroups}")
         self.D_has_hdim, self.rmsnorm, self.norm_before_gate = D_has_hdim, rmsnorm, norm_before_gate
         self.chunk_size, self.use_mem_eff_path = chunk_size, use_mem_eff_path
-        self.layer_idx, self.use_conv, self.activation = layer_idx, use_conv, "silu"
-        self.conv_dim = self.d_inner + 2 * ngroups * d_state
 
-        # Order: [z, x, B, C, dt]
-        d_in_proj = 2 * self.d_inner + 2 * ngroups * d_state + self.nheads
-        self.in_proj = nn.Linear(d_model, d_in_proj, bias=bias, **factory)
-        if use_conv:
-            if not 1 <= d_conv <= 8:
-                raise ValueError(f"d_conv must be in 1..8, got {d_conv}")
-            self.conv1d = nn.Conv1d(
-                self.conv_dim,
-                self.conv_dim,
-                kernel_size=d_conv,
-                groups=self.conv_dim,
-                padding=d_conv - 1,
-                bias=conv_bias,
-                **factory,
-            )
-            if conv_init is not None:
-                nn.init.uniform_(self.conv1d.weight, -conv_init, conv_init)
-            self.add_conv_sites("conv")
-
-        # softplus(dt_bias) log-uniform in [dt_min, dt_max], as mamba-ssm initialises it.
-        dt = torch.exp(
-            torch.rand(self.nheads, **factory) * (math.log(dt_max) - math.log(dt_min))
-            + math.log(dt_min)
-        ).clamp(min=dt_init_floor)
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # inverse of softplus
-        self.dt_bias._no_weight_decay = True
-        if not (0 < A_init_range[0] <= A_init_range[1]):
-            raise ValueError(f"A_init_range must be 0 < low <= high, got {A_init_range}")
-        A = torch.empty(self.nheads, dtype=torch.float32, device=device).uniform_(*A_init_range)
-        self.A_log = nn.Parameter(torch.log(A).to(dtype=dtype))
-        self.A_log._no_weight_decay = True
-        self.D = nn.Parameter(
-            torch.ones(self.d_inner if D_has_hdim else self.nheads, device=device)
-        )
-        self.D._no_weight_decay = True
+        # in_proj's order: [z, x, B, C, dt]; the conv reads xBC.
+        conv_dim = self.d_inner + 2 * ngroups * d_state
+        self._add_input(self.d_inner + conv_dim + self.nheads, conv_dim, bias, conv_bias, **factory)
+        if use_conv and conv_init is not None:
+            nn.init.uniform_(self.conv1d.weight, -conv_init, conv_init)
+        self._add_ssm(A_init_range, dt_min, dt_max, dt_init_floor, **factory)
         if rmsnorm:
             self.norm = RMSNormGated(
                 self.d_inner,
@@ -193,33 +159,34 @@ class Mamba2(RecurrentMixer):
                 norm_before_gate=norm_before_gate,
                 **factory,
             )
-        self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias, **factory)
-        self.state = StateSite("state")
-        self.convs = ("conv",) if use_conv else ()
+        self._add_output(bias, **factory)
+
+    def _add_ssm(self, A_init_range, dt_min, dt_max, dt_init_floor, device, dtype) -> None:
+        """dt_bias, A_log and D, as mamba-ssm initialises them: softplus(dt_bias) log-uniform
+        in [dt_min, dt_max], A = -exp(A_log) minus a uniform draw from A_init_range, D ones."""
+        self.dt_bias = no_weight_decay(
+            dt_bias(self.nheads, dt_min, dt_max, dt_init_floor, device=device, dtype=dtype)
+        )
+        if not (0 < A_init_range[0] <= A_init_range[1]):
+            raise ValueError(f"A_init_range must be 0 < low <= high, got {A_init_range}")
+        A = torch.empty(self.nheads, dtype=torch.float32, device=device).uniform_(*A_init_range)
+        self.A_log = no_weight_decay(torch.log(A).to(dtype=dtype))
+        self.D = no_weight_decay(
+            torch.ones(self.d_inner if self.D_has_hdim else self.nheads, device=device)
+        )
 
     # Contexts come from a base run in segments: a pass that also reads the states runs the
     # scan in its selective-scan form, slower than the chunked SSD of the segments (the named
     # grid 10.7 -> 11.5 s, benchmarks/grid_speedups.py setup, one thread).
     context_sites = None
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        resume: Resume | None = None,
-        at: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """hidden_states: (B, L, d_model) -> (B, L, d_model), or (B, 1, d_model) at positions
-        `at` (B,)."""
-        batch, length, _ = hidden_states.shape
-        windows, state = self.context_in(resume)
+    def scan_inputs(self, hidden_states, windows, state, resume) -> tuple:
+        """See RecurrentMixer: the SSD scan of x; z gates it inside (no norm) or in the norm
+        (aside)."""
         z, xBC, dt = self.in_proj(hidden_states).split(
             [self.d_inner, self.conv_dim, self.nheads], dim=-1
         )
-        if self.use_conv:
-            xBC, window = self.convolve("conv", xBC, windows[0], resume)
-            windows = (window,)
-        else:
-            xBC = F.silu(xBC)
+        (xBC,), windows = self.short_convs((xBC,), windows, resume)
         G, N, H, P = self.ngroups, self.d_state, self.nheads, self.headdim
         x, B, C = xBC.split([self.d_inner, G * N, G * N], dim=-1)
         D = self.D.float().view(H, P) if self.D_has_hdim else self.D.float()
@@ -236,15 +203,10 @@ class Mamba2(RecurrentMixer):
             True,
             state,
         )
-        result = self.scan(scan_at, batch, length, at, resume)
-        self.leave(resume, windows, result.final_state)
-        y = result.out.flatten(-2)  # (B, L or 1, d_inner)
-        if self.rmsnorm:
-            y = self.norm(y, z if at is None else pick(z, at))
-        return self.out_proj(y)
+        return scan_at, windows, z
 
-    def state_size(self, sequence_length: int) -> int:
-        """Floats carried between tokens: the SSM state d_inner * d_state plus the conv's
-        last d_conv - 1 inputs of its d_inner + 2 ngroups d_state channels."""
-        window = self.d_conv - 1 if self.use_conv else 0
-        return self.d_inner * self.d_state + self.conv_dim * window
+    def output(self, out: torch.Tensor, z: torch.Tensor, at: torch.Tensor | None) -> torch.Tensor:
+        y = out.flatten(-2)  # (B, L or 1, d_inner)
+        if self.rmsnorm:
+            y = self.norm(y, pick(z, at))
+        return self.out_proj(y)

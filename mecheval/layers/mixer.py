@@ -121,6 +121,12 @@ class Mixer(nn.Module, metaclass=_CheckedAfterInit):
         not declared (the model counts the context the mixer leaves)."""
         return None
 
+    def add_sites(self, *names: str) -> None:
+        """A `Site` for each name, registered at the attribute of that name (so module paths
+        match site names), in order."""
+        for name in names:
+            self.add_module(name, Site(name))
+
     def sites(self) -> dict[str, Site | StateSite]:
         """The mixer's own sites by short name, in the order the forward pass reaches them
         (registration order)."""

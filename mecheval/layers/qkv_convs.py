@@ -1,23 +1,26 @@
 """What the delta-rule mixers (DeltaNet, Gated DeltaNet) share: q, k and v projections, each
 through an optional short convolution whose input and output are sites, in fla's names
-(`q_conv1d`, ...), resumed from the convs' windows; and the floats they carry between tokens."""
+(`q_conv1d`, ...), resumed from the convs' windows; the write strengths beta; the output
+projection; and the floats they carry between tokens."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 import torch
-import torch.nn.functional as F
+from torch import nn
 
 from mecheval.layers.recurrent import RecurrentMixer
 from mecheval.layers.resume import Resume
-from mecheval.layers.short_conv import ShortConvolution
+from mecheval.layers.sites import StateSite
 
 
 class ShortConvQKV(RecurrentMixer):
-    """Base class. A subclass sets `q_proj`, `k_proj`, `v_proj`, `num_heads`, `head_k_dim`,
-    `head_v_dim`, `key_dim`, `value_dim`, `use_short_conv` and `conv_size`, and calls
-    `_add_convs` when it uses short convs."""
+    """Base class. A subclass sets `use_short_conv`, `conv_size` and `allow_neg_eigval`
+    (`use_beta` too, if it may go without b_proj), and in its constructor calls `_add_qkv`,
+    `_add_convs` when it uses short convs, and `_add_output` last."""
+
+    use_beta: bool = True
 
     # Contexts come from a base run in segments: reading the states at the resume points in one
     # pass costs more than the segments (DeltaNet's named grid 4.64 -> 5.01 s, Gated DeltaNet
@@ -32,14 +35,29 @@ class ShortConvQKV(RecurrentMixer):
             return {}
         return {"q_conv_input": self.conv_size, "q_conv_output": 1}
 
+    def _add_qkv(self, hidden_size: int, num_heads: int, head_k_dim: int, head_v_dim: int):
+        """The sizes, and the q, k, v projections (no bias) of `num_heads` heads of head_k_dim
+        keys and head_v_dim values."""
+        self.hidden_size, self.num_heads = hidden_size, num_heads
+        self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
+        self.key_dim, self.value_dim = num_heads * head_k_dim, num_heads * head_v_dim
+        self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
+        self.k_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
+
+    def _add_output(self) -> None:
+        """The output projection `o_proj` (no bias) and the state site."""
+        self.o_proj = nn.Linear(self.value_dim, self.hidden_size, bias=False)
+        self.state = StateSite("state")
+
     def _add_convs(self, conv_size: int, conv_bias: bool, qk_activation: str | None) -> None:
         """The three short convs (q and k with `qk_activation`, v with SiLU) and their sites."""
-        self.q_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, qk_activation)
-        self.k_conv1d = ShortConvolution(self.key_dim, conv_size, conv_bias, qk_activation)
-        self.v_conv1d = ShortConvolution(self.value_dim, conv_size, conv_bias, "silu")
-        self.convs = ("q_conv", "k_conv", "v_conv")
-        for prefix in self.convs:
-            self.add_conv_sites(prefix)
+        channels = {
+            "q_conv": (self.key_dim, qk_activation),
+            "k_conv": (self.key_dim, qk_activation),
+            "v_conv": (self.value_dim, "silu"),
+        }
+        self.add_convs("conv_size", conv_size, conv_bias, channels)
 
     def _qkv(self, hidden_states: torch.Tensor, windows: tuple, resume: Resume | None, qk_silu):
         """(q, k (B, L, H, K), v (B, L, H, V), the convs' last windows (empty without convs,
@@ -48,22 +66,20 @@ class ShortConvQKV(RecurrentMixer):
         `qk_silu`."""
         batch, length, _ = hidden_states.shape
         q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
-        windows_out = ()
-        if self.use_short_conv:
-            outputs = [
-                self.convolve(prefix, x, window, resume, getattr(self, f"{prefix}1d").activation)
-                for prefix, x, window in zip(self.convs, (q, k, v), windows, strict=True)
-            ]
-            (q, _), (k, _), (v, _) = outputs
-            windows_out = tuple(window for _, window in outputs)
-        else:
-            if qk_silu:
-                q, k = F.silu(q), F.silu(k)
-            v = F.silu(v)
+        (q, k, v), windows = self.short_convs((q, k, v), windows, resume, (qk_silu, qk_silu, True))
         H = self.num_heads
         q = q.view(batch, length, H, self.head_k_dim)
         k = k.view(batch, length, H, self.head_k_dim)
-        return q, k, v.view(batch, length, H, self.head_v_dim), windows_out
+        return q, k, v.view(batch, length, H, self.head_v_dim), windows
+
+    def _beta(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The write strengths (B, L, num_heads): sigmoid(u W_b) (ones without `use_beta`),
+        doubled with `allow_neg_eigval`."""
+        if self.use_beta:
+            beta = self.b_proj(hidden_states).sigmoid()
+        else:
+            beta = hidden_states.new_ones(*hidden_states.shape[:2], self.num_heads)
+        return beta * 2 if self.allow_neg_eigval else beta
 
     def state_size(self, sequence_length: int) -> int:
         """Floats carried between tokens: the state num_heads * head_k_dim * head_v_dim plus

@@ -21,6 +21,20 @@ class Resume:
     leave: bool = True
 
 
+def resumed_from(resume: Resume | None, entries: int) -> tuple:
+    """The context a run continues from: `resume.state`, or `entries` None for a sequence that
+    starts here (no resume, or one without a state)."""
+    if resume is None or resume.state is None:
+        return (None,) * entries
+    return resume.state
+
+
+def leave_context(resume: Resume | None, *context: torch.Tensor | None) -> None:
+    """Leave `context` in `resume` for the next segment (nothing to do without a resume)."""
+    if resume is not None:
+        resume.state = context
+
+
 def context_rows(context: tuple | None, rows: torch.Tensor) -> tuple | None:
     """A context for a selection of its batch rows."""
     if context is None:

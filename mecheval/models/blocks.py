@@ -33,7 +33,54 @@ BLOCK_SITES = (
 )
 
 
-class TransformerBlock(nn.Module):
+class Block(nn.Module):
+    """What both blocks share: the sites around the mixer, and `forward`, which runs the
+    residual stream through the block's input site, its norm, the mixer (with the residual
+    add) and `after_mixer` to its output site.
+
+    Args:
+        mixer: the sequence mixer, (B, L, d_model) -> (B, L, d_model).
+        norm_name: the attribute of the norm before the mixer.
+        norm: that norm.
+    """
+
+    kind: str
+    # The sites after the mixer, in forward order (see `after_mixer_idle`).
+    sites_after_mixer: tuple[str, ...] = ("block_output",)
+
+    def __init__(self, mixer: Mixer, norm_name: str, norm: nn.Module) -> None:
+        super().__init__()
+        _check_mixer(mixer)
+        self.block_input = Site("block_input")
+        self.add_module(norm_name, norm)
+        self._norm_name = norm_name
+        self.mixer_input = Site("mixer_input")
+        self.mixer = mixer
+        self.mixer_output = Site("mixer_output")
+
+    def forward(
+        self, residual: torch.Tensor, resume: Resume | None = None, keep: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """residual: (B, L, d_model) -> (B, L, d_model); `resume`: the mixer's context
+        (mecheval.layers.mixer), None for a whole sequence; `keep`: (B,) one position per
+        row, the only one whose output is needed (what follows the mixer then runs there alone
+        and the block returns (B, 1, d_model); only while the sites after the mixer are idle,
+        see `after_mixer_idle`)."""
+        residual = self.block_input(residual)
+        h = self.mixer_input(getattr(self, self._norm_name)(residual))
+        return self.block_output(self.after_mixer(_mix(self, residual, h, resume, keep)))
+
+    def after_mixer(self, residual: torch.Tensor) -> torch.Tensor:
+        """The residual stream after the mixer's add, through what follows (nothing here)."""
+        return residual
+
+    def after_mixer_idle(self) -> bool:
+        """Whether no plan or hook looks at the sites after the mixer, nor at the output."""
+        sites = (getattr(self, name) for name in self.sites_after_mixer)
+        return not self._forward_hooks and _idle(*sites)
+
+
+class TransformerBlock(Block):
     """Pre-LayerNorm block: x + mixer(LN(x)), then + MLP(LN(.)) with hidden 4 d and GELU.
     LayerNorms and MLP have biases, as zoology's TransformerBlock.
 
@@ -43,44 +90,22 @@ class TransformerBlock(nn.Module):
     """
 
     kind = "transformer"
+    sites_after_mixer = ("mlp_input", "mlp_output", "block_output")
 
     def __init__(self, d_model: int, mixer: Mixer) -> None:
-        super().__init__()
-        _check_mixer(mixer)
-        self.block_input = Site("block_input")
-        self.norm1 = nn.LayerNorm(d_model)
-        self.mixer_input = Site("mixer_input")
-        self.mixer = mixer
-        self.mixer_output = Site("mixer_output")
+        super().__init__(mixer, "norm1", nn.LayerNorm(d_model))
         self.norm2 = nn.LayerNorm(d_model)
         self.mlp_input = Site("mlp_input")
         self.mlp = MLP(d_model, hidden_mult=4)
         self.mlp_output = Site("mlp_output")
         self.block_output = Site("block_output")
 
-    def forward(
-        self,
-        residual: torch.Tensor,
-        resume: Resume | None = None,
-        keep: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """residual: (B, L, d_model) -> (B, L, d_model); `resume`: the mixer's context
-        (mecheval.layers.mixer), None for a whole sequence; `keep`: (B,) one position per
-        row, the only one whose output is needed (the MLP then runs there alone and the block
-        returns (B, 1, d_model); only while the sites after the mixer are idle, see
-        `after_mixer_idle`)."""
-        residual = self.block_input(residual)
-        h = self.mixer_input(self.norm1(residual))
-        residual = _mix(self, residual, h, resume, keep)
-        h = self.mlp_output(self.mlp(self.mlp_input(self.norm2(residual))))
-        return self.block_output(residual + h)
-
-    def after_mixer_idle(self) -> bool:
-        """Whether no plan or hook looks at the sites after the mixer, nor at the output."""
-        return not self._forward_hooks and _idle(self.mlp_input, self.mlp_output, self.block_output)
+    def after_mixer(self, residual: torch.Tensor) -> torch.Tensor:
+        """+ MLP(LN(residual))."""
+        return residual + self.mlp_output(self.mlp(self.mlp_input(self.norm2(residual))))
 
 
-class MambaBlock(nn.Module):
+class MambaBlock(Block):
     """Mamba block: x + mixer(RMSNorm(x)), no MLP.
 
     Args:
@@ -92,30 +117,8 @@ class MambaBlock(nn.Module):
     kind = "mamba"
 
     def __init__(self, d_model: int, mixer: Mixer, norm_eps: float = 1e-5) -> None:
-        super().__init__()
-        _check_mixer(mixer)
-        self.block_input = Site("block_input")
-        self.norm = nn.RMSNorm(d_model, eps=norm_eps)
-        self.mixer_input = Site("mixer_input")
-        self.mixer = mixer
-        self.mixer_output = Site("mixer_output")
+        super().__init__(mixer, "norm", nn.RMSNorm(d_model, eps=norm_eps))
         self.block_output = Site("block_output")
-
-    def forward(
-        self,
-        residual: torch.Tensor,
-        resume: Resume | None = None,
-        keep: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """residual: (B, L, d_model) -> (B, L, d_model); `resume`, `keep` as in
-        TransformerBlock."""
-        residual = self.block_input(residual)
-        h = self.mixer_input(self.norm(residual))
-        return self.block_output(_mix(self, residual, h, resume, keep))
-
-    def after_mixer_idle(self) -> bool:
-        """Whether no plan or hook looks at the block's output."""
-        return not self._forward_hooks and _idle(self.block_output)
 
 
 BLOCKS = {"transformer": TransformerBlock, "mamba": MambaBlock}

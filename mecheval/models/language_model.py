@@ -118,28 +118,7 @@ class LanguageModel(nn.Module):
             logits (B, L, vocab_size), or (B, vocab_size) at `positions`; (B, L, d_model) or
             (B, d_model) for head "hidden"; None without head.
         """
-        if head not in (True, False, "hidden"):
-            raise ValueError(f"head must be True, False or 'hidden', got {head!r}")
-        if not 0 <= layer_index <= len(self.layers):
-            raise ValueError(f"layer_index must be in 0..{len(self.layers)}, got {layer_index}")
-        if residual.dim() != 3 or residual.shape[-1] != self.config.d_model:
-            raise ValueError(
-                f"residual must have shape (B, L, {self.config.d_model}), "
-                f"got {tuple(residual.shape)}"
-            )
-        if residual.shape[1] > self.config.max_len:
-            raise ValueError(
-                f"sequence length {residual.shape[1]} exceeds max_len={self.config.max_len}"
-            )
-        if positions is not None and (
-            not isinstance(positions, torch.Tensor)
-            or positions.shape != residual.shape[:1]
-            or positions.dtype.is_floating_point
-        ):
-            raise ValueError(
-                f"positions must have shape ({residual.shape[0]},), one integer position per "
-                f"row, got {positions!r:.80}"
-            )
+        self._check_run(layer_index, residual, positions, head)
         if stop is not None:
             if not layer_index < stop <= len(self.layers):
                 raise ValueError(
@@ -172,6 +151,31 @@ class LanguageModel(nn.Module):
                 rows = torch.arange(hidden.shape[0], device=hidden.device)
                 hidden = hidden[rows, positions.to(hidden.device)]
         return hidden if head == "hidden" else F.linear(hidden, self.unembedding)
+
+    def _check_run(self, layer_index: int, residual, positions, head) -> None:
+        """forward_from's arguments, checked (a ValueError names the first one that is off)."""
+        if head not in (True, False, "hidden"):
+            raise ValueError(f"head must be True, False or 'hidden', got {head!r}")
+        if not 0 <= layer_index <= len(self.layers):
+            raise ValueError(f"layer_index must be in 0..{len(self.layers)}, got {layer_index}")
+        if residual.dim() != 3 or residual.shape[-1] != self.config.d_model:
+            raise ValueError(
+                f"residual must have shape (B, L, {self.config.d_model}), "
+                f"got {tuple(residual.shape)}"
+            )
+        if residual.shape[1] > self.config.max_len:
+            raise ValueError(
+                f"sequence length {residual.shape[1]} exceeds max_len={self.config.max_len}"
+            )
+        if positions is not None and (
+            not isinstance(positions, torch.Tensor)
+            or positions.shape != residual.shape[:1]
+            or positions.dtype.is_floating_point
+        ):
+            raise ValueError(
+                f"positions must have shape ({residual.shape[0]},), one integer position per "
+                f"row, got {positions!r:.80}"
+            )
 
     @property
     def unembedding(self) -> torch.Tensor:

@@ -12,6 +12,8 @@ short convolutions (Mamba keeps the conv's SiLU).
 
 from __future__ import annotations
 
+import functools
+
 from mecheval.layers import (
     H3,
     BaseConv,
@@ -68,12 +70,8 @@ def based(
     num_heads: int = 1,
 ) -> BaseConv | BasedLinearAttention:
     _int("d_conv", d_conv, 1, 8)
-    _divides(d_model, "num_heads", _int("num_heads", num_heads))
-    if layer_idx % 2 == 0:
-        return BaseConv(d_model, l_max, kernel_size=d_conv)
-    return BasedLinearAttention(
-        d_model, feature_dim=_int("feature_dim", feature_dim), num_heads=num_heads
-    )
+    conv = functools.partial(BaseConv, d_model, l_max, kernel_size=d_conv)
+    return _based(d_model, layer_idx, feature_dim, num_heads, conv)
 
 
 def based_long(
@@ -84,10 +82,16 @@ def based_long(
     feature_dim: int = 8,
     num_heads: int = 1,
 ) -> BaseConv | BasedLinearAttention:
+    conv = functools.partial(base_conv_long, d_model, l_max, filter_order)
+    return _based(d_model, layer_idx, feature_dim, num_heads, conv)
+
+
+def _based(d_model, layer_idx, feature_dim, num_heads, conv) -> BaseConv | BasedLinearAttention:
+    """Layer `layer_idx` of a Based model: the BaseConv `conv()` builds in even layers, Based
+    linear attention in odd ones."""
     _divides(d_model, "num_heads", _int("num_heads", num_heads))
     if layer_idx % 2 == 0:
-        order = _int("filter_order", filter_order)
-        return BaseConv(d_model, l_max, kernel_size=-1, filter_order=order)
+        return conv()
     return BasedLinearAttention(
         d_model, feature_dim=_int("feature_dim", feature_dim), num_heads=num_heads
     )
@@ -114,24 +118,11 @@ def mamba(
 ) -> Mamba:
     """d_conv in 1..4: the study's ablation covers 1..4 (and mamba-ssm's CUDA conv stops
     there)."""
-    _int("d_conv", d_conv, 1, 4)
-    return Mamba(
-        d_model,
-        d_state=_int("d_state", d_state),
-        d_conv=d_conv,
-        expand=_int("expand", expand),
-        layer_idx=layer_idx,
-    )
+    return _mamba(Mamba, d_model, layer_idx, d_state, _int("d_conv", d_conv, 1, 4), expand)
 
 
 def mamba_noconv(d_model: int, layer_idx: int, d_state: int = 16, expand: int = 2) -> Mamba:
-    return Mamba(
-        d_model,
-        d_state=_int("d_state", d_state),
-        expand=_int("expand", expand),
-        layer_idx=layer_idx,
-        use_conv=False,
-    )
+    return _mamba(Mamba, d_model, layer_idx, d_state, None, expand)
 
 
 def mamba2(
@@ -143,70 +134,67 @@ def mamba2(
     head_dim: int = 16,
 ) -> Mamba2:
     """Mamba-2 at the study's widths (docs/deviations.md: d_state 64, head_dim 16)."""
-    return _mamba2(d_model, layer_idx, d_state, _int("d_conv", d_conv, 1, 8), expand, head_dim)
+    d_conv = _int("d_conv", d_conv, 1, 8)
+    return _mamba(Mamba2, d_model, layer_idx, d_state, d_conv, expand, head_dim)
 
 
 def mamba2_noconv(
     d_model: int, layer_idx: int, d_state: int = 64, expand: int = 2, head_dim: int = 16
 ) -> Mamba2:
-    return _mamba2(d_model, layer_idx, d_state, None, expand, head_dim)
+    return _mamba(Mamba2, d_model, layer_idx, d_state, None, expand, head_dim)
 
 
-def _mamba2(d_model, layer_idx, d_state, d_conv, expand, head_dim) -> Mamba2:
-    d_inner = _int("expand", expand) * d_model
-    if d_inner % _int("head_dim", head_dim):
-        raise ValueError(f"expand * d_model = {d_inner} must be divisible by head_dim {head_dim}")
-    return Mamba2(
+def _mamba(layer, d_model, layer_idx, d_state, d_conv, expand, head_dim=None) -> Mamba | Mamba2:
+    """Mamba, or Mamba-2 with heads of head_dim channels; d_conv None: without the conv."""
+    heads = {}
+    if layer is Mamba2:
+        d_inner = _int("expand", expand) * d_model
+        if d_inner % _int("head_dim", head_dim):
+            raise ValueError(
+                f"expand * d_model = {d_inner} must be divisible by head_dim {head_dim}"
+            )
+        heads = {"headdim": head_dim}
+    return layer(
         d_model,
         d_state=_int("d_state", d_state),
         d_conv=d_conv or 4,
-        expand=expand,
-        headdim=head_dim,
+        expand=_int("expand", expand),
         layer_idx=layer_idx,
         use_conv=d_conv is not None,
+        **heads,
     )
 
 
 def deltanet(d_model: int, layer_idx: int, d_conv: int = 4, num_heads: int = 1) -> DeltaNet:
-    return _deltanet(d_model, layer_idx, _int("d_conv", d_conv, 1, 8), num_heads)
+    return _delta_rule(DeltaNet, d_model, layer_idx, _int("d_conv", d_conv, 1, 8), num_heads)
 
 
 def deltanet_noconv(d_model: int, layer_idx: int, num_heads: int = 1) -> DeltaNet:
-    return _deltanet(d_model, layer_idx, None, num_heads)
-
-
-def _deltanet(d_model, layer_idx, d_conv, num_heads) -> DeltaNet:
-    _divides(d_model, "num_heads", _int("num_heads", num_heads))
-    return DeltaNet(
-        d_model=d_model,
-        num_heads=num_heads,
-        use_short_conv=d_conv is not None,
-        conv_size=d_conv or 4,
-        layer_idx=layer_idx,
-    )
+    return _delta_rule(DeltaNet, d_model, layer_idx, None, num_heads)
 
 
 def gated_deltanet(
     d_model: int, layer_idx: int, d_conv: int = 4, num_heads: int = 1
 ) -> GatedDeltaNet:
-    return _gated_deltanet(d_model, layer_idx, _int("d_conv", d_conv, 1, 8), num_heads)
+    return _delta_rule(GatedDeltaNet, d_model, layer_idx, _int("d_conv", d_conv, 1, 8), num_heads)
 
 
 def gated_deltanet_noconv(d_model: int, layer_idx: int, num_heads: int = 1) -> GatedDeltaNet:
-    return _gated_deltanet(d_model, layer_idx, None, num_heads)
+    return _delta_rule(GatedDeltaNet, d_model, layer_idx, None, num_heads)
 
 
-def _gated_deltanet(d_model, layer_idx, d_conv, num_heads) -> GatedDeltaNet:
-    """One value per key dimension (expand_v 1, not fla's 2): DeltaNet's state size."""
+def _delta_rule(layer, d_model, layer_idx, d_conv, num_heads) -> DeltaNet | GatedDeltaNet:
+    """DeltaNet or Gated DeltaNet, d_conv None: without short convs. Gated DeltaNet with one
+    value per key dimension (expand_v 1, not fla's 2): DeltaNet's state size."""
     _divides(d_model, "num_heads", _int("num_heads", num_heads))
-    return GatedDeltaNet(
+    sizes = {"head_dim": d_model // num_heads, "expand_v": 1.0} if layer is GatedDeltaNet else {}
+    return layer(
         d_model=d_model,
-        head_dim=d_model // num_heads,
         num_heads=num_heads,
-        expand_v=1.0,
         use_short_conv=d_conv is not None,
         conv_size=d_conv or 4,
         layer_idx=layer_idx,
+        **sizes,
     )
 
 
