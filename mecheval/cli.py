@@ -181,16 +181,22 @@ def _flag(option: str) -> str:
     return "--" + option.replace("_", "-")
 
 
+def _over_runs(job, options_class, args: argparse.Namespace):
+    """`job(path, force=..., **options)` over the run folders at args.path, its options the
+    fields of `options_class` as parsed; an option's error names it as the command line does."""
+    _check_cache()
+    options = {field.name: getattr(args, field.name) for field in fields(options_class)}
+    try:
+        return job(args.path, force=args.force, **options)
+    except OptionError as error:
+        raise error.renamed(_flag) from None
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from mecheval.evaluation.evaluate import evaluate_all, evaluation_summary
     from mecheval.run_folder.status import finished_runs
 
-    _check_cache()
-    options = {field.name: getattr(args, field.name) for field in fields(EvaluateConfig)}
-    try:
-        table = evaluate_all(args.path, force=args.force, **options)
-    except OptionError as error:
-        raise error.renamed(_flag) from None
+    table = _over_runs(evaluate_all, EvaluateConfig, args)
     for run in finished_runs(args.path):
         print(evaluation_summary(run))
     print(f"evaluated {table['run'].nunique()} run(s): {len(table)} cells x examples")
@@ -200,12 +206,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 def _cmd_das(args: argparse.Namespace) -> int:
     from mecheval.evaluation.das_runs import das_all
 
-    _check_cache()
-    options = {field.name: getattr(args, field.name) for field in fields(DasOptions)}
-    try:
-        table = das_all(args.path, force=args.force, **options)
-    except OptionError as error:
-        raise error.renamed(_flag) from None
+    table = _over_runs(das_all, DasOptions, args)
     held = table.groupby(["run", "corruption", "layer", "site", "position", "k"]).size()
     print(
         f"DAS on {table['run'].nunique()} run(s): {len(held)} (site, position, k) "

@@ -42,7 +42,13 @@ from torch.autograd.function import once_differentiable
 from tqdm.auto import tqdm
 
 from mecheval.interventions.grid import base_run, hidden_at
-from mecheval.interventions.plan import SiteRef, _resume_points, check_batch, select_sites
+from mecheval.interventions.plan import (
+    CELL_COLUMNS,
+    SiteRef,
+    _resume_points,
+    check_batch,
+    select_sites,
+)
 from mecheval.interventions.positions import expand_positions, resolve_position
 from mecheval.layers.resume import context_rows
 from mecheval.tasks import Batch
@@ -50,17 +56,7 @@ from mecheval.tasks import Batch
 DEFAULT_DIMS = (1, 2, 4, 8, 16, 32, 64)
 # Bytes the base contexts at the resume points may take (as the interchange grid's default).
 GRID_MEMORY_BUDGET = 1 << 30
-COLUMNS = (
-    "example",
-    "layer",
-    "site",
-    "position",
-    "position_index",
-    "k",
-    "width",
-    "correct",
-    "p_target",
-)
+COLUMNS = (*CELL_COLUMNS, "k", "width", "correct", "p_target")
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ from tqdm.auto import tqdm
 from mecheval.interventions.plan import (
     AFTER_MIXER,
     AFTER_MLP_INPUT,
+    CELL_COLUMNS,
     GridPlan,
     check_batch,
     plan_grid,
@@ -69,18 +70,7 @@ _LN2 = math.log(2.0)
 
 __all__ = ["COLUMNS", "hidden_at", "interchange_grid", "plan_grid", "select_sites"]
 
-COLUMNS = (
-    "example",
-    "layer",
-    "site",
-    "position",
-    "position_index",
-    "p_original",
-    "p_corrupted",
-    "p_restored",
-    "logit_restored",
-    "kl",
-)
+COLUMNS = (*CELL_COLUMNS, "p_original", "p_corrupted", "p_restored", "logit_restored", "kl")
 
 
 def hidden_at(

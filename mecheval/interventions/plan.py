@@ -88,6 +88,8 @@ def _bytes_per_row(model, length: int) -> int:
 
 # A block's sites after its mixer, from which on it acts on each position alone: their cells
 # restart at the next block (from the block's output at the cell's position, see the grid).
+# The columns naming a cell of a grid (interchange or DAS), one row per document.
+CELL_COLUMNS = ("example", "layer", "site", "position", "position_index")
 AFTER_MIXER = ("mixer_output", "mlp_input", "mlp_output", "block_output")
 AFTER_MLP_INPUT = ("mlp_input", "mlp_output")  # (their block's output also needs its mixer's)
 

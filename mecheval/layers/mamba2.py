@@ -103,11 +103,8 @@ class Mamba2(MambaBase):
         conv_bias: whether the conv has a bias.
         chunk_size, use_mem_eff_path: accepted for compatibility with mamba-ssm; the scan picks
             its own chunks and kernels are picked by the `kernels` backend, so no effect.
-        layer_idx: index of the layer in its model (kept for reference).
-        use_conv: (ours) False drops the conv entirely (no conv1d parameters), keeping only its
-            SiLU, as mecheval's mamba_noconv does for Mamba.
-        device: parameter device.
-        dtype: parameter dtype.
+        layer_idx, use_conv, device, dtype: as `Mamba` takes them (use_conv False: no conv,
+            only its SiLU, as mecheval's mamba_noconv does for Mamba).
     """
 
     def __init__(
