@@ -344,22 +344,7 @@ class AssociativeTreecall(Task):
             raise ValueError(
                 f"{self.label()} has {available} {split!r} documents (the study's), {n} asked for"
             )
-        documents = self._study_language.documents(first + n)[first:]
-        columns = list(zip(*documents, strict=True))
-        lengths = np.array([len(terminals) for terminals in columns[0]], dtype=np.int64)
-
-        def flat(values) -> np.ndarray:
-            return np.fromiter((v for row in values for v in row), dtype=np.int64)
-
-        part = {
-            "lengths": lengths,
-            "terminals": flat(columns[0]),
-            "parents": flat(columns[1]),
-            "head_nonterminal": flat(columns[2]),
-            "head_rule": flat(columns[3]),
-            "child": np.array(columns[4], dtype=np.int64),
-            "parent": np.array(columns[5], dtype=np.int64),
-        }
+        part = self._study_language.documents(first, first + n)
         return self._assemble([part], n)
 
     def _sample_block(

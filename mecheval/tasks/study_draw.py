@@ -36,6 +36,7 @@ parent that are the rightmost occurrence of their terminal.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
 
 import numpy as np
@@ -47,6 +48,7 @@ STUDY_TRAIN_SIZE = 100_032
 STUDY_EVAL_SIZE = 1_024
 """Evaluation documents of a study language (drawn after the training documents)."""
 MIN_LENGTH = 3
+TOKEN_COLUMNS = ("terminals", "parents", "head_nonterminal", "head_rule")
 TERMINAL_SLOT = -1
 """Body code of a terminal slot not yet filled (terminal t has code -2 - t)."""
 
@@ -157,7 +159,11 @@ class StudyLanguage:
         self.grammar = draw_study_grammar(rs, **grammar_options)
         self.max_length = max_length
         self._rs = rs
-        self._documents: list[tuple] = []
+        # The documents drawn so far, flat (int32): token columns over all sentences, the
+        # sentences' offsets into them, and each document's queried child and parent.
+        self._tokens = {name: array("i") for name in TOKEN_COLUMNS}
+        self._offsets = array("q", [0])
+        self._query = {"child": array("i"), "parent": array("i")}
         grammar = self.grammar
         self._start_cdf = _legacy_cdf(np.ones(grammar.num_nonterminals) / grammar.num_nonterminals)
         self._rule_cdf = [
@@ -168,20 +174,39 @@ class StudyLanguage:
         self._bodies = [_body(grammar, rule) for rule in range(len(grammar.rule_probs))]
         self._rule_first = grammar.rule_first.tolist()
 
-    def documents(self, stop: int) -> list[tuple]:
-        """The first `stop` documents of the language (training documents first), each
-        `(terminals, parents, head_nonterminal, head_rule, child, parent)`: four lists over the
-        sentence and the queried child's and parent's positions."""
-        if stop > STUDY_TRAIN_SIZE + STUDY_EVAL_SIZE:
+    def documents(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """Documents `start..stop - 1` of the language (training documents first), drawn as far
+        as needed, as flat int64 arrays: `lengths` per document, the token columns
+        `TOKEN_COLUMNS` (parents as positions within the sentence, -1 for the root) over their
+        sentences, and the queried `child` and `parent` positions per document."""
+        if not 0 <= start <= stop <= STUDY_TRAIN_SIZE + STUDY_EVAL_SIZE:
             raise ValueError(
-                f"a study language has {STUDY_TRAIN_SIZE + STUDY_EVAL_SIZE} documents, "
-                f"{stop} asked for"
+                f"a study language has documents 0..{STUDY_TRAIN_SIZE + STUDY_EVAL_SIZE - 1}, "
+                f"{start}..{stop - 1} asked for"
             )
-        while len(self._documents) < stop:
-            self._documents.append(self._draw_document())
-        return self._documents[:stop]
+        while len(self._query["child"]) < stop:
+            sentence, child, parent = self._draw_document()
+            for name, values in zip(TOKEN_COLUMNS, sentence, strict=True):
+                self._tokens[name].extend(values)
+            self._offsets.append(self._offsets[-1] + len(sentence[0]))
+            self._query["child"].append(child)
+            self._query["parent"].append(parent)
+        offsets = np.frombuffer(self._offsets, dtype=np.int64)[start : stop + 1]
+        tokens = slice(int(offsets[0]), int(offsets[-1]))
+        return {
+            "lengths": np.diff(offsets),
+            **{
+                name: np.frombuffer(column, dtype=np.int32)[tokens].astype(np.int64)
+                for name, column in self._tokens.items()
+            },
+            **{
+                name: np.frombuffer(column, dtype=np.int32)[start:stop].astype(np.int64)
+                for name, column in self._query.items()
+            },
+        }
 
-    def _draw_document(self) -> tuple:
+    def _draw_document(self) -> tuple[tuple[list[int], ...], int, int]:
+        """One accepted document: its sentence (as `_draw_sentence`), child and parent."""
         rs = self._rs
         while True:
             sentence = self._draw_sentence()
@@ -198,7 +223,7 @@ class StudyLanguage:
         target = targets[rs.randint(0, len(targets))]
         children = [q for q in by_target if parents[q] == target]
         child = children[rs.randint(0, len(children))]
-        return (*sentence, child, target)
+        return sentence, child, target
 
     def _draw_sentence(self) -> tuple[list[int], list[int], list[int], list[int]] | None:
         """One sentence, depth-first as the study expands it: `(terminals, parents,
@@ -250,5 +275,5 @@ def study_language(
     rs = np.random.RandomState(seed)
     if after_easy:
         easy = StudyLanguage(rs, max_length, **{**grammar_options, "max_rhs_len": 5})
-        easy.documents(STUDY_TRAIN_SIZE + STUDY_EVAL_SIZE)
+        easy.documents(0, STUDY_TRAIN_SIZE + STUDY_EVAL_SIZE)
     return StudyLanguage(rs, max_length, **grammar_options)
