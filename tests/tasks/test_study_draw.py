@@ -64,6 +64,28 @@ EASY_8192_TRAIN = [
     ([1, 2511, 2742, 7651, 4188, 3722, 2748, 705, 2594, 2, 2742, 2594, 2], (2, 8)),
 ]
 
+MEDIUM_8192 = {"max_rhs_len": 10, "num_terminals": 8192, "seed": 42}
+MEDIUM_8192_TRAIN_0 = (
+    [1, 5185, 1727, 3465, 1204, 5482, 6707, 4425, 3681, 2, 3465, 1204, 2],
+    (3, 4),
+)
+# Training documents 13,106 and 13,107 (0-based 13,105 and 13,106), drawn after the language's
+# first sentence over 1,024 terminals: (length, first 12 tokens, last 4 tokens, query).
+MEDIUM_8192_AFTER_LONG = [
+    (
+        26,
+        [1, 2856, 2084, 7187, 3986, 4550, 5622, 3894, 5799, 7323, 2708, 6362],
+        [2, 5799, 2708, 2],
+        (8, 10),
+    ),
+    (
+        25,
+        [1, 7431, 3231, 6193, 2374, 2894, 3759, 949, 4929, 7814, 6019, 3338],
+        [2, 2374, 1315, 2],
+        (4, 25),
+    ),
+]
+
 # The study's figures over the first 300 training documents: mean sentence length (terminals)
 # and mean child-parent distance, rounded as reported.
 FIGURES = {"study": (15.21, 2.37), "study_after_easy": (46.67, 3.89)}
@@ -109,6 +131,22 @@ def test_study_draw_of_8192_terminals_with_the_terminal_factor():
     assert task.grammar.rules_of(0) == EASY_8192_RULES_0
     batch = task.sample(3, 0, "train")
     assert [document(batch, i) for i in range(3)] == EASY_8192_TRAIN
+
+
+@pytest.mark.slow
+def test_study_draw_stops_an_over_long_sentence_as_the_studys_later_generator():
+    """The (10, 8192) language: its first sentence over 1,024 terminals is drawn while its
+    13,106th training document is; the documents after it are the study's only if that
+    sentence spends the draws the study's generator (from 11 May 2025) spends (about 5 s)."""
+    task = make_task("atr", **MEDIUM_8192, draw="study")
+    assert task.grammar.rules_of(0) == [(0.9999999999999999, [("T", 2853), ("N", 2)])]
+    batch = task.sample(13_107, 0, "train")
+    assert document(batch, 0) == MEDIUM_8192_TRAIN_0
+    for i, (length, head, tail, query) in zip(
+        (13_105, 13_106), MEDIUM_8192_AFTER_LONG, strict=True
+    ):
+        tokens, got_query = document(batch, i)
+        assert (len(tokens) - 5, tokens[:12], tokens[-4:], got_query) == (length, head, tail, query)
 
 
 @pytest.mark.slow
