@@ -1,5 +1,4 @@
-"""ATR `draw="study"` / `"study_after_easy"` against the study's own code (tinylang,
-`language/pcfg.py`).
+"""ATR `draw="study"` / `"study_after_easy"` against the study's own generator (docs/deviations.md).
 
 Every number below was read off the study's generator, run outside this project as its
 language script ran it: NumPy's global generator seeded with 42, the (5, 20) language (grammar,
