@@ -27,9 +27,9 @@ def make_task(name: str, **options: Any) -> Task:
     """Build a task by name with typed, validated options.
 
     Args:
-        name: "ar" (options: num_pairs, num_keys, query, holdout, corruption_range) or "atr"
-            (options: max_rhs_len, num_terminals, terminal_factor, num_nonterminals,
-            max_depth, max_rules, holdout, seed, max_length).
+        name: "ar" (options: num_pairs, num_keys, query, holdout, corruption_range,
+            query_ids) or "atr" (options: max_rhs_len, num_terminals, terminal_factor,
+            num_nonterminals, max_depth, max_rules, holdout, seed, max_length, query, draw).
         **options: the task's options; `make_task(name, **task.config())` rebuilds `task`.
 
     Raises:

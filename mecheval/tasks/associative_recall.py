@@ -13,6 +13,13 @@ Named positions (both query modes): `key = 1 + 2j` and `value = 2 + 2j` for the 
 `j` (so for value-first queries `value` holds the in-context copy of the query), `divider =
 2P + 1`, `query = 2P + 2`, `answer = 2P + 3`.
 
+Query ids (`query_ids`, value-first queries only): `"own"` (the default) writes the query and
+the answer as the in-context tokens (value `v_i`, key `k_j`). `"swapped"` is the value-first
+generator the study's `ar_32_value` runs used: the query is the key id with the queried value's
+index (`k_i` for `v_i`) and the answer the value id with its key's index (`v_j` for `k_j`), so
+neither occurs in the context. The named positions keep their meaning: `value` is where the
+query's match lies (its index), `key` where the answer's information lies (its index).
+
 Corruption (`corruption_range`, an option that changes no document):
 
 - `"query"` (the default, the study's): both positions draw their replacement from the ids of
@@ -39,7 +46,7 @@ independent streams of one distribution.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -99,6 +106,9 @@ class AssociativeRecall(Task):
         corruption_range: "query" (the study's: corruptions at both positions draw from the
             ids of the query's kind) or "own" (each position from the ids of its own kind);
             see the module docstring. It changes no document (not part of `key()`).
+        query_ids: "own" (the query and answer are the in-context value and key) or
+            "swapped" (with query="value" only: the query is the key id of the value's index,
+            the answer the value id of the key's index, as in the study's ar_32_value runs).
     """
 
     num_pairs: int = 16
@@ -106,6 +116,7 @@ class AssociativeRecall(Task):
     query: Literal["key", "value"] = "key"
     holdout: float = 0.0
     corruption_range: Literal["query", "own"] = "query"
+    query_ids: Literal["own", "swapped"] = "own"
     name = "ar"
     corruption_options = ("corruption_range",)
     _pairs_held_out: PairHoldout | None = field(init=False, repr=False, compare=False)
@@ -124,6 +135,12 @@ class AssociativeRecall(Task):
             raise ValueError(
                 f"option 'corruption_range' must be 'query' or 'own', got {self.corruption_range!r}"
             )
+        if self.query_ids not in ("own", "swapped"):
+            raise ValueError(
+                f"option 'query_ids' must be 'own' or 'swapped', got {self.query_ids!r}"
+            )
+        if self.query_ids == "swapped" and self.query != "value":
+            raise ValueError("option query_ids='swapped' needs query='value' (value-first)")
         self._set_option("holdout", check_fraction("holdout", self.holdout))
         held_out = None
         if self.holdout > 0:
@@ -136,6 +153,14 @@ class AssociativeRecall(Task):
             if held_out.threshold == 0:
                 raise ValueError(f"option 'holdout'={self.holdout} holds out no pair at all")
         self._set_option("_pairs_held_out", held_out)
+
+    def config(self) -> dict[str, Any]:
+        """The options, `query_ids` only when it is not "own" (so other tasks keep the data
+        identity, hence the documents and cache keys, they had before the option)."""
+        config = super().config()
+        if config["query_ids"] == "own":
+            del config["query_ids"]
+        return config
 
     @property
     def pairs_held_out(self) -> PairHoldout | None:
@@ -222,6 +247,9 @@ class AssociativeRecall(Task):
         row_index = np.arange(rows)
         tokens[:, divider + 1] = tokens[row_index, query_column]
         tokens[:, divider + 2] = tokens[row_index, answer_column]
+        if self.query_ids == "swapped":
+            tokens[:, divider + 1] = values[row_index, queried] + self.first_key
+            tokens[:, divider + 2] = keys[row_index, queried] + self.first_value
         tokens[:, divider + 3] = self.EOS
 
         def column(value: int) -> torch.Tensor:

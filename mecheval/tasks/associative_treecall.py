@@ -30,6 +30,17 @@ target's, at or to the right of `key` (equal when the query answers itself). Sib
 take no holdout. The option appears in `config()` only when set, so the documents and cache
 keys of parent queries are those of generator version 2.
 
+Study draws (`draw="study"` or `"study_after_easy"`, see `study_draw.py`): the grammar and the
+documents are drawn exactly as the study's code draws them, from NumPy's legacy generator
+seeded with `seed` (42 in the study), so its settings give its grammar and its documents. One
+language is one stream: the grammar, 100,032 training documents, 1,024 evaluation documents.
+`"study_after_easy"` continues the stream after a whole language of the same options with
+`max_rhs_len=5`, as the study's script drew its (10, 20) language after its (5, 20) one. Splits:
+train is the study's training documents, dev its evaluation documents 1..320 (those it
+evaluated on), test its evaluation documents 321..1,024; the sampling seed must be 0 (one
+stream) and a split holds no more documents than that. Not offered with holdout or sibling
+queries.
+
 Held-out pairs (`holdout = h > 0`): a `PairHoldout` over (parent terminal, child terminal)
 pairs, salted with the grammar seed, marks a fraction h of the T*T pairs (exactly
 round(h*T*T) of them when T*T <= 2**22). Train and dev query only pairs that are not held out;
@@ -50,6 +61,12 @@ from mecheval.tasks.base import SPLITS, Task, check_fraction, check_int, check_s
 from mecheval.tasks.batch import Batch
 from mecheval.tasks.grammar import Grammar, sample_grammar
 from mecheval.tasks.holdout import PairHoldout
+from mecheval.tasks.study_draw import (
+    STUDY_EVAL_SIZE,
+    STUDY_TRAIN_SIZE,
+    StudyLanguage,
+    study_language,
+)
 from mecheval.tasks.tree_sampler import (
     TreeSampler,
     choose_queries,
@@ -68,6 +85,10 @@ AUTO_TERMINAL_FACTOR = 20.0
 """`terminal_factor="auto"` means this factor when `num_terminals > 20`, else None."""
 _GRAMMAR_STREAM = 0
 QUERY_RELATIONS = ("parent", "sibling")
+DRAWS = ("mecheval", "study", "study_after_easy")
+STUDY_DEV_SIZE = 320
+"""With a study draw, dev holds the study's evaluation documents 1..320 (those it evaluated on)
+and test the rest of them (321..1,024)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +127,11 @@ class AssociativeTreecall(Task):
         max_length: longest sentence kept, in terminals.
         query: "parent" (the answer is the query token's parent) or "sibling" (the answer is
             the rightmost token sharing the query's parent); see the module docstring.
+        draw: "mecheval" (grammar and documents from seeded PCG64 streams), "study" (both
+            drawn as the study's code draws them from NumPy's legacy generator seeded with
+            `seed`, see `study_draw.py`) or "study_after_easy" (as "study", the stream
+            continued after a whole language of the same options with max_rhs_len 5: the
+            study's (10, 20) language); see the module docstring.
     """
 
     max_rhs_len: int
@@ -118,6 +144,7 @@ class AssociativeTreecall(Task):
     seed: int = 0
     max_length: int = 1024
     query: Literal["parent", "sibling"] = "parent"
+    draw: Literal["mecheval", "study", "study_after_easy"] = "mecheval"
     name = "atr"
     generator_version = 2
     """2: each sentence draws its own start nonterminal (1: one start symbol per grammar)."""
@@ -139,12 +166,26 @@ class AssociativeTreecall(Task):
             raise ValueError(f"option 'query' must be one of {QUERY_RELATIONS}, got {self.query!r}")
         if self.query == "sibling" and self.holdout > 0:
             raise ValueError("option 'holdout' is not offered with query='sibling'")
+        self._check_draw()
         held_out = None
         if self.holdout > 0:
             held_out = PairHoldout(self.num_terminals, self.num_terminals, self.holdout, self.seed)
             if held_out.threshold == 0:
                 raise ValueError(f"option 'holdout'={self.holdout} holds out no pair at all")
         self._set_option("_pairs_held_out", held_out)
+
+    def _check_draw(self) -> None:
+        if self.draw not in DRAWS:
+            raise ValueError(f"option 'draw' must be one of {DRAWS}, got {self.draw!r}")
+        if self.draw == "mecheval":
+            return
+        if self.holdout > 0:
+            raise ValueError(
+                f"option draw={self.draw!r} does not take holdout > 0 (the study's held-out "
+                "pairs are not offered)"
+            )
+        if self.query != "parent":
+            raise ValueError(f"option draw={self.draw!r} offers only query='parent'")
 
     def _resolve_terminal_factor(self) -> float | None:
         factor = self.terminal_factor
@@ -166,11 +207,14 @@ class AssociativeTreecall(Task):
         return option.default
 
     def config(self) -> dict[str, Any]:
-        """The options, `query` only when it is not "parent" (so parent-query tasks keep the
-        data identity, hence the documents and cache keys, they had before the option)."""
+        """The options, `query` only when it is not "parent" and `draw` only when it is not
+        "mecheval" (so other tasks keep the data identity, hence the documents and cache keys,
+        they had before these options)."""
         config = super().config()
         if config["query"] == "parent":
             del config["query"]
+        if config["draw"] == "mecheval":
+            del config["draw"]
         return config
 
     @property
@@ -181,11 +225,28 @@ class AssociativeTreecall(Task):
     @cached_property
     def grammar(self) -> Grammar:
         """The task's grammar, drawn from `seed` (independent of the other options' digest)."""
+        if self.draw != "mecheval":
+            return self._study_language.grammar
         rng = np.random.Generator(
             np.random.PCG64(np.random.SeedSequence([self.seed, _GRAMMAR_STREAM]))
         )
         return sample_grammar(
             rng,
+            num_nonterminals=self.num_nonterminals,
+            num_terminals=self.num_terminals,
+            max_rhs_len=self.max_rhs_len,
+            terminal_factor=self.terminal_factor,
+            max_depth=self.max_depth,
+            max_rules=self.max_rules,
+        )
+
+    @cached_property
+    def _study_language(self) -> StudyLanguage:
+        """The study's language of these options (drawn as its documents are asked for)."""
+        return study_language(
+            self.seed,
+            after_easy=self.draw == "study_after_easy",
+            max_length=self.max_length,
             num_nonterminals=self.num_nonterminals,
             num_terminals=self.num_terminals,
             max_rhs_len=self.max_rhs_len,
@@ -243,6 +304,8 @@ class AssociativeTreecall(Task):
         return self._generate_with_trees(n, seed, check_split(split))
 
     def _generate_with_trees(self, n: int, seed: int, split: str) -> tuple[Batch, TreeAnnotations]:
+        if self.draw != "mecheval":
+            return self._study_documents(n, seed, split)
         stream = SPLITS.index(split)
         parts: list[dict[str, np.ndarray]] = []
         accepted = draws = block = 0
@@ -264,6 +327,25 @@ class AssociativeTreecall(Task):
                     f"max_length={self.max_length}, {no_query} without an eligible query)"
                 )
         return self._assemble(parts, n)
+
+    def _study_documents(self, n: int, seed: int, split: str) -> tuple[Batch, TreeAnnotations]:
+        """The study's documents: train its training documents, dev its evaluation documents
+        1..320, test its evaluation documents 321..1,024 (one stream: seed must be 0)."""
+        if seed != 0:
+            raise ValueError(
+                f"{self.label()} has the study's one document stream: seed must be 0, got {seed}"
+            )
+        first, available = {
+            "train": (0, STUDY_TRAIN_SIZE),
+            "dev": (STUDY_TRAIN_SIZE, STUDY_DEV_SIZE),
+            "test": (STUDY_TRAIN_SIZE + STUDY_DEV_SIZE, STUDY_EVAL_SIZE - STUDY_DEV_SIZE),
+        }[split]
+        if n > available:
+            raise ValueError(
+                f"{self.label()} has {available} {split!r} documents (the study's), {n} asked for"
+            )
+        part = self._study_language.documents(first, first + n)
+        return self._assemble([part], n)
 
     def _sample_block(
         self, rng: np.random.Generator, split: str

@@ -25,10 +25,13 @@ AR_STEPS = 16 * 3126  # 16 epochs over 100,032 documents, batch 32
 ATR_STEPS = 32 * 3126
 EASY = {"max_rhs_len": 5, "num_terminals": 20}
 MEDIUM = {"max_rhs_len": 10, "num_terminals": 20}
-EASY_8192 = {**EASY, "num_terminals": 8192, "terminal_factor": 20}
-MEDIUM_8192 = {**MEDIUM, "num_terminals": 8192, "terminal_factor": 20}
+STUDY_DRAW = {"seed": 42, "draw": "study"}  # the study's grammar and documents
 GEN = {**EASY, "holdout": 0.2}
 SIBLING = {**EASY, "query": "sibling"}
+EASY_8192 = {**EASY, "num_terminals": 8192, "terminal_factor": 20, **STUDY_DRAW}
+MEDIUM_8192 = {**MEDIUM, "num_terminals": 8192, "terminal_factor": 20, **STUDY_DRAW}
+EASY = {**EASY, **STUDY_DRAW}
+MEDIUM = {**MEDIUM, **STUDY_DRAW, "draw": "study_after_easy"}  # drawn after the (5, 20) one
 
 # file -> (runs, architectures, widths, learning rates, layers, steps, schedule,
 #          position embeddings: "all" | "none" | "attention", task name, task options)
@@ -71,6 +74,18 @@ GRIDS = {
         LRS,
         2,
         ATR_STEPS,
+        "cosine",
+        "attention",
+        "ar",
+        {"query": "value", "query_ids": "swapped"},
+    ),
+    "ar_32_reverse": (
+        210,
+        SIX,
+        WIDTHS,
+        LRS | MORE_LRS,
+        3,
+        AR_STEPS,
         "cosine",
         "attention",
         "ar",

@@ -319,3 +319,58 @@ def test_sample_distinct_rows_gives_distinct_in_range_values(rows, width, extra,
     assert out.shape == (rows, width)
     assert ((out >= 0) & (out < high)).all()
     assert all(len(set(row)) == width for row in out.tolist())
+
+
+# The study's value-first generator as its ar_32_value runs used it, first document of seed 42:
+# 16 (key, value) pairs, then EOS, query, answer, EOS; it queried pair 0 (key at 1, value at 2).
+STUDY_SWAPPED_DOCUMENT = [1, 1302, 7276, 1341, 7776, 3876, 7253, 2086, 6919, 1501, 4801, 1969]
+STUDY_SWAPPED_DOCUMENT += [6017, 3508, 4121, 2013, 7581, 99, 7204, 3516, 6915, 3011, 6471, 3333]
+STUDY_SWAPPED_DOCUMENT += [5627, 3385, 6177, 1514, 7438, 1981, 7103, 1160, 6430, 2, 3180, 5398, 2]
+STUDY_SWAPPED_KEY, STUDY_SWAPPED_VALUE = 1, 2
+
+
+def swapped_query_and_answer(tokens: list[int], key: int, value: int) -> tuple[int, int]:
+    """The rule read off the study's code: the query is the key id with the value's index, the
+    answer the value id with the key's index."""
+    return 3 + (tokens[value] - FIRST_VALUE), FIRST_VALUE + (tokens[key] - 3)
+
+
+def test_the_swapped_rule_reproduces_the_studys_document():
+    tokens = STUDY_SWAPPED_DOCUMENT
+    assert swapped_query_and_answer(tokens, STUDY_SWAPPED_KEY, STUDY_SWAPPED_VALUE) == (
+        tokens[34],
+        tokens[35],
+    )
+
+
+def test_swapped_value_first_documents_follow_the_studys_rule():
+    task = make_task("ar", query="value", query_ids="swapped")
+    batch = task.sample(300, seed=0)
+    for i, row in enumerate(batch.tokens.tolist()):
+        key, value = int(batch.positions["key"][i]), int(batch.positions["value"][i])
+        assert value == key + 1
+        query, answer = swapped_query_and_answer(row, key, value)
+        assert (row[34], row[35], int(batch.answers[i])) == (query, answer, answer)
+        assert 3 <= row[34] < FIRST_VALUE <= row[35]  # a key id asks, a value id answers
+
+
+def test_swapped_value_first_corrupts_both_positions_with_value_ids():
+    task = make_task("ar", query="value", query_ids="swapped")
+    batch = task.sample(200, seed=1)
+    rows = torch.arange(200)
+    for at in ("key", "value"):
+        corrupted = task.corrupt(batch, at, seed=0)
+        replaced = corrupted[rows, batch.positions[at]]
+        assert ((replaced >= FIRST_VALUE) & (replaced < FIRST_VALUE + K)).all()
+        assert (replaced != batch.tokens[rows, batch.positions[at]]).all()
+
+
+def test_query_ids_option_is_checked_and_keeps_default_identities():
+    assert "query_ids" not in make_task("ar", query="value").config()
+    swapped = make_task("ar", query="value", query_ids="swapped")
+    assert swapped.config()["query_ids"] == "swapped"
+    assert swapped.key() != make_task("ar", query="value").key()
+    with pytest.raises(ValueError, match="needs query='value'"):
+        make_task("ar", query_ids="swapped")
+    with pytest.raises(ValueError, match="option 'query_ids' must be"):
+        make_task("ar", query="value", query_ids="shifted")
