@@ -19,6 +19,8 @@ from mecheval.tasks import make_task
 
 WIDTHS = (16, 32, 64, 128, 256)
 
+# Task options that pick an instance of a setting (docs/deviations.md, "ATR grammar instances").
+INSTANCE_KEYS = ("seed", "draw")
 # The study's task settings (its figures), as mecheval task options.
 _SETTINGS = {
     "ar_32.pdf": ("ar", {}),
@@ -45,15 +47,22 @@ def _accuracies() -> dict[str, dict[str, tuple[float, ...]]]:
 STUDY_STEPS = {"ar": 50_016, "atr": 100_032}
 
 
+def _setting(task: str, task_options: Mapping[str, object]) -> dict:
+    """What makes a task's documents, less the draw of its instance (the grammar's seed and
+    generator: the study's figures are of its settings, each run on one instance)."""
+    documents = make_task(task, **task_options).data_config()
+    return {key: value for key, value in documents.items() if key not in INSTANCE_KEYS}
+
+
 def _figures_of(task: str, task_options: Mapping[str, object]) -> list[tuple[str, dict]]:
     """The study's figures whose task setting makes this task's documents, as (figure,
-    {arch: accuracies by width}); options that only change how documents are corrupted do not
-    matter."""
-    documents = make_task(task, **task_options).data_config()
+    {arch: accuracies by width}); options that only change how documents are corrupted, or
+    which instance of the setting is drawn, do not matter."""
+    setting = _setting(task, task_options)
     return [
         (figure, _accuracies()[figure])
         for figure, (name, options) in _SETTINGS.items()
-        if name == task and make_task(name, **options).data_config() == documents
+        if name == task and _setting(name, options) == setting
     ]
 
 

@@ -44,3 +44,14 @@ def test_beyond_quickstart_loads():
     runs = [run.config for run in expand_sweep(config.sweep)]
     assert {c.model.arch for c in runs} == BEYOND
     assert len(runs) == 8
+
+
+def test_das_grid_is_the_quickstart_ar_task():
+    runs = [run.config for run in load_sweep(CONFIGS / "beyond" / "das_ar.yaml")]
+    quickstart = [run.config for run in expand_sweep(load_run_config(None).sweep)]
+    ar = next(c for c in quickstart if c.task.name == "ar")
+    assert {(c.model.arch, c.optim.lr) for c in runs} == {
+        ("attention", 1e-3), ("based", 1e-3), ("deltanet", 1e-3),
+        ("mamba", 1e-3), ("mamba", 3e-3), ("mamba", 1e-2),
+    }  # fmt: skip
+    assert all(to_dict(c.task) == to_dict(ar.task) and c.steps == ar.steps for c in runs)

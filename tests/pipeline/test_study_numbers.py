@@ -47,3 +47,10 @@ def test_other_depths_have_no_study_number_and_the_report_column_fills_in():
     shown = with_study_accuracy(frame)
     assert list(shown["study"]) == [0.81, 0.99]
     assert list(shown["study_figure"]) == ["ar_32.pdf", "ar_32.pdf"]
+
+
+def test_the_study_s_own_grammar_instances_have_its_figures():
+    easy = {"max_rhs_len": 5, "num_terminals": 20, "seed": 42, "draw": "study"}
+    medium = {"max_rhs_len": 10, "num_terminals": 20, "seed": 42, "draw": "study_after_easy"}
+    assert study_accuracy("atr", easy, "mamba", 16, 2) == (0.91, "atr.pdf (5, 20)")
+    assert study_accuracy("atr", medium, "mamba", 16, 2) == (0.77, "atr.pdf (10, 20)")
