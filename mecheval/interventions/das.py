@@ -41,8 +41,10 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from tqdm.auto import tqdm
 
-from mecheval.interventions.grid import base_run, hidden_at
+from mecheval.interventions.grid import base_run, block_output_at, hidden_at
 from mecheval.interventions.plan import (
+    AFTER_MIXER,
+    AFTER_MLP_INPUT,
     CELL_COLUMNS,
     SiteRef,
     _resume_points,
@@ -136,7 +138,8 @@ class Bases(nn.Module):
 class _SiteData:
     """What one site's combinations need, read once from the clean and corrupted runs:
     activations at each label's positions (label -> (n, width), in the compute dtype), the
-    base's residual entering the site's block, and the positions."""
+    base's residual entering the block patched runs start at (the site's, or the next one for
+    a site after its block's mixer, as the interchange grid runs them), and the positions."""
 
     ref: SiteRef
     width: int
@@ -145,8 +148,13 @@ class _SiteData:
     source: dict[str, torch.Tensor]
     positions: dict[str, torch.Tensor]
     starts: dict[str, torch.Tensor]  # label -> (n,) the resume point each row runs from
-    residual: torch.Tensor  # (n, needed, d_model)
+    residual: torch.Tensor  # (n, needed, d_model) entering block first_block
     contexts: dict[int, list]  # resume point -> every block's base context there
+    first_block: int
+    # After the mixer: the base's input of the site's block, and (after the MLP's input) its
+    # mixer's output, (n, needed, d_model) each, for one-position runs of the block.
+    block_input: torch.Tensor | None = None
+    mixer_output: torch.Tensor | None = None
 
 
 def das(
@@ -250,6 +258,10 @@ def _read(model, refs, where, tokens, base_tokens, needed) -> dict[str, _SiteDat
     at = torch.stack([where[label] for label in labels], dim=1)  # (n, P)
     reads = {r.name: (at if r.short == "state" else None) for r in refs}
     reads.update({f"layers.{r.layer}.block_input": None for r in refs})
+    reads.update({f"layers.{r.layer}.block_output": None for r in refs if r.short in AFTER_MIXER})
+    reads.update(
+        {f"layers.{r.layer}.mixer_output": None for r in refs if r.short in AFTER_MLP_INPUT}
+    )
     runs = {}
     with torch.no_grad():
         for name, tokens_of in (("source", tokens), ("base", base_tokens)):
@@ -272,10 +284,16 @@ def _read(model, refs, where, tokens, base_tokens, needed) -> dict[str, _SiteDat
             which: {lab: v.reshape(len(v), -1).float() for lab, v in per.items()}
             for which, per in per_label.items()
         }
-        residual = runs["base"][f"layers.{ref.layer}.block_input"][:, :needed]
         width = int(np.prod(shape))
         data[ref.name] = _SiteData(
-            ref, width, shape, flat["base"], flat["source"], where, {}, residual, {}
+            ref,
+            width,
+            shape,
+            flat["base"],
+            flat["source"],
+            where,
+            {},
+            *_entering(ref, runs["base"], needed),
         )
     return data
 
@@ -299,6 +317,20 @@ def _add_resume_points(model, data, where, base_tokens, query, needed) -> None:
     }
     for site in data.values():
         site.starts, site.contexts = starts, contexts
+
+
+def _entering(ref: SiteRef, base: dict, needed: int) -> tuple:
+    """(residual, contexts, first_block, block_input, mixer_output) of a site's _SiteData: a
+    site after its block's mixer restarts at the next block, on the base's block output with
+    the patched position's put in (`block_output_at`)."""
+
+    def read(short: str) -> torch.Tensor:
+        return base[f"layers.{ref.layer}.{short}"][:, :needed]
+
+    if ref.short not in AFTER_MIXER:
+        return read("block_input"), {}, ref.layer, None, None
+    mixer_output = read("mixer_output") if ref.short in AFTER_MLP_INPUT else None
+    return read("block_output"), {}, ref.layer + 1, read("block_input"), mixer_output
 
 
 @contextmanager
@@ -370,8 +402,19 @@ class _SiteGroup(nn.Module):
     def _patched(self, model, docs, query, learning: bool = False):
         """The head input at the query of every (combination, document) row, k-group by
         k-group in combination order (`learning`: only those with a basis to learn), and the
-        rows' documents. Rows run in buckets by resume point, each from the base run's
-        contexts there."""
+        rows' documents."""
+        values, positions, starts, rows = self._swapped(docs, learning)
+        data = self.data
+        values = values.view(len(values), *data.shape).to(data.residual.dtype)
+        if data.block_input is not None and data.ref.short != "block_output":
+            mixer_output = None if data.mixer_output is None else data.mixer_output[rows, positions]
+            inputs = data.block_input[rows, positions]
+            values = block_output_at(model, data.ref, values, inputs, mixer_output)
+        return _run_rows(model, data, values, positions, starts, rows, query), rows
+
+    def _swapped(self, docs, learning: bool) -> tuple:
+        """(values (rows, width): the base's activations with the source's swapped in inside
+        each combination's subspace; each row's patched position, resume point and document)."""
         data = self.data
         values, positions, rows, starts = [], [], [], []
         for k in self.ks:
@@ -385,24 +428,7 @@ class _SiteGroup(nn.Module):
             positions += [data.positions[c.label][docs] for c in mine]
             starts += [data.starts[c.label][docs] for c in mine]
             rows += [docs] * len(mine)
-        values, rows = torch.cat(values), torch.cat(rows)
-        positions, starts = torch.cat(positions), torch.cat(starts)
-        values = values.view(len(values), *data.shape).to(data.residual.dtype)
-        layer, name = data.ref.layer, data.ref.name
-        pieces, order = [], []
-        for start in starts.unique().tolist():
-            picked = (starts == start).nonzero()[:, 0]
-            docs_here = rows[picked]
-            resumed = None
-            if start:
-                resumed = [context_rows(c, docs_here) for c in data.contexts[start][layer:]]
-            suffix = data.residual[docs_here, start:]
-            patch = (positions[picked] - start, values[picked])
-            with model.intervene(patches={name: patch}):
-                pieces.append(hidden_at(model, layer, suffix, query[docs_here] - start, resumed))
-            order.append(picked)
-        hidden = torch.cat(pieces)[torch.argsort(torch.cat(order))]
-        return hidden, rows
+        return torch.cat(values), torch.cat(positions), torch.cat(starts), torch.cat(rows)
 
     def loss(self, model, docs, query, target) -> torch.Tensor:
         """The summed losses of the combinations: each the mean cross-entropy of the target
@@ -436,6 +462,31 @@ class _SiteGroup(nn.Module):
                 "p_target": p_target,
             }
         )
+
+
+def _run_rows(model, data: _SiteData, values, positions, starts, rows, query) -> torch.Tensor:
+    """(rows, d_model) the head input at each row's query with `values` put in at its position:
+    the site patched, or (a site after its block's mixer) the block's output there. Rows run in
+    buckets by resume point, each from the base run's contexts there."""
+    first, name = data.first_block, data.ref.name
+    pieces, order = [], []
+    for start in starts.unique().tolist():
+        picked = (starts == start).nonzero()[:, 0]
+        docs = rows[picked]
+        resumed = None
+        if start:
+            resumed = [context_rows(c, docs) for c in data.contexts[start][first:]]
+        suffix, at = data.residual[docs, start:], positions[picked] - start
+        if data.block_input is not None:  # the next block reads exactly the patched output
+            patched = suffix.index_put(
+                (torch.arange(len(picked), device=at.device), at), values[picked]
+            )
+            pieces.append(hidden_at(model, first, patched, query[docs] - start, resumed))
+        else:
+            with model.intervene(patches={name: (at, values[picked])}):
+                pieces.append(hidden_at(model, first, suffix, query[docs] - start, resumed))
+        order.append(picked)
+    return torch.cat(pieces)[torch.argsort(torch.cat(order))]
 
 
 def _groups(data: dict[str, _SiteData], combos: dict, seed: int) -> list[_SiteGroup]:

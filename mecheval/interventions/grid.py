@@ -396,22 +396,31 @@ def _copy_results(plan: GridPlan, outputs: list) -> None:
 
 def _block_outputs(model, ref, values: torch.Tensor, cells: torch.Tensor, plan, base: dict):
     """(P n, d_model): at `cells`, the output of block ref.layer at the cell's position when
-    the site after the block's mixer is patched there with `values`. After its mixer a block
-    acts on each position alone, so a one-position run of it from the base's input there, its
-    mixer's output set to the base's (the site's patch on top), gives that output; the patched
-    run then restarts at the next block, as a block output's patch does."""
-    layer, rows, at = ref.layer, plan.example[cells], plan.positions[cells]
-    zero = torch.zeros_like(at)
-    patches = {ref.name: (zero, values[cells])}
+    the site after the block's mixer is patched there with `values` (`block_output_at`)."""
+    rows, at = plan.example[cells], plan.positions[cells]
+    mixer_output = None
     if ref.short in AFTER_MLP_INPUT:
-        mixer_output = base[f"layers.{layer}.mixer_output"][rows, at]
-        patches[f"layers.{layer}.mixer_output"] = (zero, mixer_output)
-    x = base[f"layers.{layer}.block_input"][rows, at][:, None]
-    with model.intervene(patches=patches):
-        patched = model.forward_from(layer, x, stop=layer + 1)
+        mixer_output = base[f"layers.{ref.layer}.mixer_output"][rows, at]
+    x = base[f"layers.{ref.layer}.block_input"][rows, at]
+    patched = block_output_at(model, ref, values[cells], x, mixer_output)
     outputs = x.new_zeros(len(plan.positions), x.shape[-1])
-    outputs[cells] = patched[:, 0]
+    outputs[cells] = patched
     return outputs
+
+
+def block_output_at(model, ref, values, block_input, mixer_output=None) -> torch.Tensor:
+    """(m, d_model): the output of block ref.layer at one position per row when the site after
+    its mixer (ref) is patched there with values (m, ...). After its mixer a block acts on each
+    position alone, so a one-position run of it from the base's input there (block_input
+    (m, d_model)), its mixer's output set to the base's (mixer_output (m, d_model), for the
+    sites after the MLP's input) and the site's patch on top, gives that output; a patched run
+    then restarts at the next block, on the base's block output with this one put in."""
+    zero = torch.zeros(len(values), dtype=torch.long, device=values.device)
+    patches = {ref.name: (zero, values)}
+    if mixer_output is not None:
+        patches[f"layers.{ref.layer}.mixer_output"] = (zero, mixer_output)
+    with model.intervene(patches=patches):
+        return model.forward_from(ref.layer, block_input[:, None], stop=ref.layer + 1)[:, 0]
 
 
 def _frame(outputs, plan: GridPlan, p_original, p_corrupted) -> pd.DataFrame:

@@ -40,7 +40,10 @@ KEYS = ["example", "layer", "site", "position", "k"]
 
 @pytest.mark.parametrize(
     "arch, sites",
-    [("attention", ["block_input", "mixer_output"]), ("mamba", ["conv_output", "state"])],
+    [
+        ("attention", ["block_input", "mixer_output", "mlp_input", "block_output"]),
+        ("mamba", ["conv_output", "state", "mixer_output"]),
+    ],
 )
 def test_the_batched_run_equals_each_combination_alone(arch, sites):
     model = _model(arch)
@@ -59,7 +62,8 @@ def test_the_batched_run_equals_each_combination_alone(arch, sites):
 def test_the_full_swap_is_the_interchange_grids_patch():
     model = _model("mamba")
     batch, corrupted = _data()
-    sites, positions = ["block_input", "state"], ["key", "value", "query"]
+    sites = ["block_input", "state", "mixer_output", "block_output"]
+    positions = ["key", "value", "query"]
     table = das(
         model, batch, corrupted, sites=sites, positions=positions, dims=[2], settings=SETTINGS
     )
