@@ -7,7 +7,7 @@ Two implementations, chosen by the backend (kernels.backend):
             over its channels and state indices, dt broadcast from heads to channels, B and C
             as groups of channels; the selective scan's Triton kernels (and their backward,
             vmap rule and custom op) then run it.
-The selective-scan form is also what runs the scan at positions (`mamba2_scan_at`: states,
+The selective-scan form is also what runs the scan at positions (kernels.ssd.at: states,
 outputs at positions, patched states), on either backend. docs/kernels.md has the
 measurements behind the choice.
 """
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from kernels.backend import resolve_backend
 from kernels.scan_at import ScanAt
-from kernels.selective_scan import selective_scan_at
+from kernels.selective_scan.at import at_positions_of_selective_scan
 from kernels.selective_scan.op import MAX_STATE
 from kernels.ssd.chunked import ssd_chunked
 from kernels.validation import (
@@ -176,7 +176,7 @@ def mamba2_scan(
     Returns:
         out (B, L, H, P) in x's dtype, or (out, final_states (B, H, P, N) float32). States
         after given positions, the output at one position, a patched state:
-        `kernels.mamba2_scan_at`.
+        `kernels.at_positions(kernels.mamba2_scan, ...)`.
     """
     refuse_unsupported(
         OP,
@@ -223,22 +223,25 @@ def on_selective_scan(
         init = init.reshape(batch, heads * P, N)
     if state_patch is not None:  # (validated by the caller) values (B, H, P, N)
         state_patch = (state_patch[0], state_patch[1].reshape(batch, heads * P, N))
-    result = selective_scan_at(
-        channels(a.x),
-        channels(a.dt[..., None].expand(batch, length, heads, P)),
-        a.A[:, None, None].expand(heads, P, N).reshape(heads * P, N),
-        a.B.permute(0, 2, 3, 1),  # (B, G, N, L)
-        a.C.permute(0, 2, 3, 1),
-        D,
-        None if a.z is None else channels(a.z),
-        None if a.dt_bias is None else _per_channel(a.dt_bias, P),
-        a.dt_softplus,
-        init,
+    scan = dict(
+        u=channels(a.x),
+        delta=channels(a.dt[..., None].expand(batch, length, heads, P)),
+        A=a.A[:, None, None].expand(heads, P, N).reshape(heads * P, N),
+        B=a.B.permute(0, 2, 3, 1),  # (B, G, N, L)
+        C=a.C.permute(0, 2, 3, 1),
+        D=D,
+        z=None if a.z is None else channels(a.z),
+        delta_bias=None if a.dt_bias is None else _per_channel(a.dt_bias, P),
+        delta_softplus=a.dt_softplus,
+        initial_state=init,
+        backend=backend,
+    )
+    result = at_positions_of_selective_scan(
+        scan,
         states_at=states_at,
         out_at=out_at,
         state_patch=state_patch,
         return_final_state=return_final_state,
-        backend=backend,
     )
     out = result.out.transpose(1, 2).unflatten(-1, (heads, P))
     final, states = result.final_state, result.states

@@ -1,8 +1,8 @@
-"""The scans at positions (kernels.scan_at: selective_scan_at, mamba2_scan_at,
-chunk_delta_rule_at, chunk_gated_delta_rule_at): states after positions and outputs at
-positions against each op's per-step reference, and a patched state against the reference
-resumed from the patch on each row's suffix, without gradients and with them (the gradients
-too); bad arguments refused by name."""
+"""The scans at positions (kernels.at_positions over selective_scan_fn, mamba2_scan,
+chunk_delta_rule, chunk_gated_delta_rule): states after positions and outputs at positions
+against each op's per-step reference, and a patched state against the reference resumed from
+the patch on each row's suffix, without gradients and with them (the gradients too); bad
+arguments refused by name."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from kernels import (
-    chunk_delta_rule_at,
-    chunk_gated_delta_rule_at,
-    mamba2_scan_at,
-    selective_scan_at,
+    ScanAt,
+    at_positions,
+    chunk_delta_rule,
+    chunk_gated_delta_rule,
+    mamba2_scan,
+    selective_scan_fn,
 )
 from kernels.delta_rule import delta_rule_ref
 from kernels.delta_rule import torch_path as delta_torch_path
@@ -94,16 +96,19 @@ def _gated_ref(x: dict, states_at):
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """One scan at positions and what its oracles need to know of its layouts."""
+    """One drop-in scan, at positions, and what its oracles need to know of its layouts."""
 
     name: str
-    at: Callable
+    scan: Callable  # the drop-in
     ref: Callable  # ref(inputs, states_at) -> (out, final state, states)
     make: Callable[[torch.Generator], dict]
     initial: str  # the initial state's keyword
     timed: dict[str, int]  # inputs with batch and time axes -> their time axis
     out_time: int  # the output's time axis
     grad_input: str  # an input whose gradient the tests compare
+
+    def at(self, *args, **kwargs) -> ScanAt:
+        return at_positions(self.scan, *args, **kwargs)
 
     def inputs(self, seed: int) -> dict:
         return self.make(torch.Generator().manual_seed(seed))
@@ -123,7 +128,7 @@ class Spec:
 SPECS = [
     Spec(
         "selective_scan",
-        selective_scan_at,
+        selective_scan_fn,
         _selective_ref,
         _selective_inputs,
         "initial_state",
@@ -133,7 +138,7 @@ SPECS = [
     ),
     Spec(
         "mamba2_scan",
-        mamba2_scan_at,
+        mamba2_scan,
         _mamba2_ref,
         _mamba2_inputs,
         "initial_states",
@@ -143,7 +148,7 @@ SPECS = [
     ),
     Spec(
         "delta_rule",
-        chunk_delta_rule_at,
+        chunk_delta_rule,
         _delta_ref,
         _delta_inputs,
         "initial_state",
@@ -153,7 +158,7 @@ SPECS = [
     ),
     Spec(
         "gated_delta_rule",
-        chunk_gated_delta_rule_at,
+        chunk_gated_delta_rule,
         _gated_ref,
         lambda g: _delta_inputs(g, gated=True),
         "initial_state",
