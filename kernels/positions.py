@@ -49,7 +49,7 @@ from kernels.delta_rule.op import OP as DELTA_RULE
 from kernels.delta_rule.op import chunk_delta_rule
 from kernels.gated_delta_rule.op import OP as GATED_DELTA_RULE
 from kernels.gated_delta_rule.op import chunk_gated_delta_rule
-from kernels.scan_at import ScanAt
+from kernels.scan_at import Asked, ScanAt
 from kernels.selective_scan.at import at_positions_of_selective_scan
 from kernels.selective_scan.op import selective_scan_fn
 from kernels.ssd.at import at_positions_of_mamba2_scan
@@ -61,8 +61,8 @@ class Implementation(NamedTuple):
     """How `at_positions` runs one drop-in.
 
     Attributes:
-        run: run(arguments, *, states_at, out_at, state_patch, return_final_state) -> ScanAt,
-            on the drop-in's arguments by name.
+        run: run(arguments, asked) -> ScanAt, on the drop-in's arguments by name and what
+            the call asks for (kernels.scan_at.Asked).
         final_state_flag: the drop-in's own flag for returning its final state.
         unsupported: the drop-in's arguments that run only at one value: name -> that value.
     """
@@ -138,13 +138,8 @@ def at_positions(
         scan.__name__,
         **{name: (arguments[name], value) for name, value in implementation.unsupported.items()},
     )
-    return implementation.run(
-        arguments,
-        states_at=states_at,
-        out_at=out_at,
-        state_patch=state_patch,
-        return_final_state=return_final_state,
-    )
+    asked = Asked(states_at, out_at, state_patch, return_final_state)
+    return implementation.run(arguments, asked)
 
 
 def _implementation(scan: object) -> Implementation:

@@ -1,6 +1,7 @@
 """What the scans at positions share (kernels.positions.at_positions says what they do):
-`ScanAt`, the one named tuple each returns whatever is asked, and `patch_by_jump`, a state
-patched inside a scan as the unpatched scan plus the scan of the jump.
+`Asked`, what a call asks of one, `ScanAt`, the one named tuple each returns whatever is asked,
+and `patch_by_jump`, a state patched inside a scan as the unpatched scan plus the scan of the
+jump.
 
 A patch is exact for every scan because each is affine in its state: the patched scan is the
 unpatched one plus the scan, with no inputs, of the jump (values - the state there) from the
@@ -13,6 +14,22 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+
+
+class Asked(NamedTuple):
+    """What a call asks of a scan at positions beyond its output (see kernels.positions).
+
+    Attributes:
+        states_at: (B, P) integer positions whose states to return, or None.
+        out_at: (B,) the one position per row whose output to return, or None (every one).
+        state_patch: (positions (B,), values (B, *state)), the state to replace, or None.
+        return_final_state: return the state after the last position.
+    """
+
+    states_at: torch.Tensor | None = None
+    out_at: torch.Tensor | None = None
+    state_patch: tuple[torch.Tensor, torch.Tensor] | None = None
+    return_final_state: bool = False
 
 
 class ScanAt(NamedTuple):

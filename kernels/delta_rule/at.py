@@ -11,19 +11,11 @@ import torch
 
 from kernels._op import Op, needs_grad
 from kernels.delta_rule.op import DeltaArgs, checked, kernel_for
-from kernels.scan_at import ScanAt, patch_by_jump
+from kernels.scan_at import Asked, ScanAt, patch_by_jump
 from kernels.validation import check_positions, check_state_patch, one_per_row
 
 
-def at_positions_of_delta_rule(
-    op: Op,
-    arguments: dict,
-    *,
-    states_at: torch.Tensor | None,
-    out_at: torch.Tensor | None,
-    state_patch: tuple[torch.Tensor, torch.Tensor] | None,
-    return_final_state: bool,
-) -> ScanAt:
+def at_positions_of_delta_rule(op: Op, arguments: dict, asked: Asked) -> ScanAt:
     """The scan at positions of `op`, `chunk_delta_rule`'s or `chunk_gated_delta_rule`'s (see
     kernels.at_positions).
 
@@ -31,11 +23,9 @@ def at_positions_of_delta_rule(
         op: the op of the family (kernels.delta_rule.op.OP, kernels.gated_delta_rule.op.OP).
         arguments: the op's public function's arguments by name (q, k, v, g for the gated
             delta rule, beta, scale, initial_state, use_qk_l2norm_in_kernel, backend).
-        states_at: optional (B, P) integer steps; `states` is then (B, P, H, K, V) in the
-            final state's dtype.
-        out_at: optional (B,) integer steps; `out` is then (B, 1, H, V).
-        state_patch: optional (positions (B,), values (B, H, K, V)).
-        return_final_state: return the state after the last step, (B, H, K, V).
+        asked: what to return beside the output; the state is (B, H, K, V) float32 (float64
+            for float64 inputs) (`states` (B, P, H, K, V), patch values (B, H, K, V)), `out`
+            at `out_at` (B, 1, H, V).
 
     Without gradients, states come from the PyTorch path in one pass (on any device), and the
     PyTorch path forms the output at `out_at` alone (the state still runs through every step);
@@ -45,9 +35,10 @@ def at_positions_of_delta_rule(
     q, k, v, beta = (arguments[name] for name in ("q", "k", "v", "beta"))
     a, chosen = checked(
         op, arguments["backend"], q, k, v, arguments.get("g"), beta, arguments["scale"],
-        arguments["initial_state"], return_final_state, arguments["use_qk_l2norm_in_kernel"],
+        arguments["initial_state"], asked.return_final_state,
+        arguments["use_qk_l2norm_in_kernel"],
     )  # fmt: skip
-    return scan_at(op, a, chosen, states_at, out_at, state_patch)
+    return scan_at(op, a, chosen, asked.states_at, asked.out_at, asked.state_patch)
 
 
 def scan_at(op: Op, a: DeltaArgs, backend: str, states_at, out_at, state_patch) -> ScanAt:

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels._op import needs_grad
-from kernels.scan_at import ScanAt, patch_by_jump
+from kernels.scan_at import Asked, ScanAt, patch_by_jump
 from kernels.selective_scan.op import OP, ScanArgs, checked, selective_scan_fn
 from kernels.validation import check_positions, check_state_patch, one_per_row
 
@@ -19,22 +19,13 @@ SCAN_INPUTS = (
 )  # fmt: skip
 
 
-def at_positions_of_selective_scan(
-    arguments: dict,
-    *,
-    states_at: torch.Tensor | None,
-    out_at: torch.Tensor | None,
-    state_patch: tuple[torch.Tensor, torch.Tensor] | None,
-    return_final_state: bool,
-) -> ScanAt:
+def at_positions_of_selective_scan(arguments: dict, asked: Asked) -> ScanAt:
     """`selective_scan_fn`'s scan at positions (see kernels.at_positions).
 
     Args:
         arguments: `selective_scan_fn`'s arguments by name (u ... initial_state, backend).
-        states_at: optional (B, P) integer positions; `states` is then (B, P, D, N) float32.
-        out_at: optional (B,) integer positions; `out` is then (B, D, 1).
-        state_patch: optional (positions (B,), values (B, D, N)).
-        return_final_state: return the state after the last position, (B, D, N) float32.
+        asked: what to return beside the output; the state is (B, D, N) float32 (`states`
+            (B, P, D, N), patch values (B, D, N)), `out` at `out_at` (B, D, 1).
 
     Without gradients, states and patches run on the PyTorch path (on any device: the Triton
     kernels keep the state on chip), in one pass; the output at `out_at` alone is formed
@@ -43,6 +34,7 @@ def at_positions_of_selective_scan(
     unpatched scan plus the scan of its jump.
     """
     a, chosen = checked(arguments["backend"], *(arguments[name] for name in SCAN_INPUTS))
+    states_at, out_at, state_patch, return_final_state = asked
     batch, channels, length = a.u.shape
     public, device = OP.public, a.u.device
     read = None if states_at is None else check_positions(public, states_at, batch, length, device)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.backend import resolve_backend
-from kernels.scan_at import ScanAt
+from kernels.scan_at import Asked, ScanAt
 from kernels.selective_scan.at import at_positions_of_selective_scan
 from kernels.selective_scan.op import MAX_STATE
 from kernels.ssd.chunked import ssd_chunked
@@ -188,7 +188,7 @@ def mamba2_scan(
         backend, x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states, chunk_size, dt_limit
     )
     if chosen == "triton":
-        out, last, _ = on_selective_scan(a, chosen)
+        out, last, _ = on_selective_scan(a, chosen, Asked(return_final_state=True))
     else:
         out, last = ssd_chunked(*a, chunk_size=chunk_size)
         last = last.float() if last.dtype != torch.float64 else last
@@ -200,18 +200,11 @@ def _per_channel(t: torch.Tensor, P: int) -> torch.Tensor:
     return t[:, None].expand(t.shape[0], P).reshape(-1)
 
 
-def on_selective_scan(
-    a: Inputs,
-    backend: str,
-    states_at: torch.Tensor | None = None,
-    out_at: torch.Tensor | None = None,
-    state_patch: tuple[torch.Tensor, torch.Tensor] | None = None,
-    return_final_state: bool = True,
-) -> ScanAt:
+def on_selective_scan(a: Inputs, backend: str, asked: Asked) -> ScanAt:
     """Mamba-2 as a selective scan at positions over D = H * P channels (channel h * P + p),
     whose group g of B and C covers channels of heads [g H / G, (g + 1) H / G), as Mamba-2's
     does. Returns out (B, L or 1, H, P), the final state (B, H, P, N), the states
-    (B, K, H, P, N)."""
+    (B, K, H, P, N); the patch values in `asked` (B, H, P, N) are validated by the caller."""
     batch, length, heads, P = a.x.shape
     N = a.B.shape[3]
     channels = lambda t: t.reshape(batch, length, heads * P).transpose(1, 2)  # noqa: E731
@@ -221,8 +214,9 @@ def on_selective_scan(
     init = a.initial_states
     if init is not None:
         init = init.reshape(batch, heads * P, N)
-    if state_patch is not None:  # (validated by the caller) values (B, H, P, N)
-        state_patch = (state_patch[0], state_patch[1].reshape(batch, heads * P, N))
+    if asked.state_patch is not None:
+        positions, values = asked.state_patch
+        asked = asked._replace(state_patch=(positions, values.reshape(batch, heads * P, N)))
     scan = dict(
         u=channels(a.x),
         delta=channels(a.dt[..., None].expand(batch, length, heads, P)),
@@ -236,13 +230,7 @@ def on_selective_scan(
         initial_state=init,
         backend=backend,
     )
-    result = at_positions_of_selective_scan(
-        scan,
-        states_at=states_at,
-        out_at=out_at,
-        state_patch=state_patch,
-        return_final_state=return_final_state,
-    )
+    result = at_positions_of_selective_scan(scan, asked)
     out = result.out.transpose(1, 2).unflatten(-1, (heads, P))
     final, states = result.final_state, result.states
     return ScanAt(
