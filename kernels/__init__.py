@@ -6,34 +6,33 @@
     chunk_gated_delta_rule  drop-in for fla.ops.gated_delta_rule.chunk_gated_delta_rule
     mamba2_scan             drop-in for mamba_ssm's mamba_chunk_scan_combined (Mamba-2's scan)
 
-and, beyond the peers, each scan at positions (the states after given positions, the output at
-one position per row, a state patched inside the scan), returning one `ScanAt` whatever is
-asked (kernels.scan_at):
+and, beyond the peers, any of the four scans at positions (the states after given positions,
+the output at one position per row, a state patched inside the scan), returning one `ScanAt`
+whatever is asked (kernels.positions):
 
-    selective_scan_at, mamba2_scan_at, chunk_delta_rule_at, chunk_gated_delta_rule_at
+    at_positions(scan, *scan's arguments, states_at=, out_at=, state_patch=,
+                 return_final_state=)
 
 This package imports torch and triton only, never mecheval.
 """
 
 from kernels.backend import get_backend, set_backend, use_backend
-from kernels.delta_rule import chunk_delta_rule, chunk_delta_rule_at
-from kernels.gated_delta_rule import chunk_gated_delta_rule, chunk_gated_delta_rule_at
+from kernels.delta_rule import chunk_delta_rule
+from kernels.gated_delta_rule import chunk_gated_delta_rule
+from kernels.positions import at_positions
 from kernels.scan_at import ScanAt
-from kernels.selective_scan import selective_scan_at, selective_scan_fn
+from kernels.selective_scan import selective_scan_fn
 from kernels.short_conv import causal_conv1d_fn
-from kernels.ssd import mamba2_scan, mamba2_scan_at
+from kernels.ssd import mamba2_scan
 
 __all__ = [
     "ScanAt",
+    "at_positions",
     "causal_conv1d_fn",
     "chunk_delta_rule",
-    "chunk_delta_rule_at",
     "chunk_gated_delta_rule",
-    "chunk_gated_delta_rule_at",
     "get_backend",
     "mamba2_scan",
-    "mamba2_scan_at",
-    "selective_scan_at",
     "selective_scan_fn",
     "set_backend",
     "use_backend",

@@ -1,29 +1,11 @@
-"""The recurrent scans at positions: what an intervention engine needs from a scan beyond its
-drop-in function, from one call that returns `ScanAt` whatever is asked.
+"""What the scans at positions share (kernels.positions.at_positions says what they do):
+`Asked`, what a call asks of one, `ScanAt`, the one named tuple each returns whatever is asked,
+and `patch_by_jump`, a state patched inside a scan as the unpatched scan plus the scan of the
+jump.
 
-    selective_scan_at(u, delta, A, B, C, ...)           Mamba's selective scan
-    mamba2_scan_at(x, dt, A, B, C, ...)                 Mamba-2's scan
-    chunk_delta_rule_at(q, k, v, beta, ...)             the delta rule
-    chunk_gated_delta_rule_at(q, k, v, g, beta, ...)    the gated delta rule
-
-Each takes its op's inputs as the drop-in names them and, keyword-only:
-
-    states_at           (B, P) integer positions: `states` holds the states after positions
-                        states_at[b, :] of each row b, (B, P, *state)
-    out_at              (B,) one position per row: `out` is the output there alone (its time
-                        axis of length 1)
-    state_patch         (positions (B,), values (B, *state)): the state after positions[b] of
-                        row b is replaced with values[b] and the scan goes on from it: the
-                        outputs after the position, the final state and the states at or after
-                        it see the patch; the output at the position itself does not
-    return_final_state  return the state after the last position (else None, and a scan may
-                        skip forming it)
-    backend             as the drop-in's
-
-Gradients flow to every tensor input and to the patch values. A patch is exact for every
-scan because each is affine in its state: the patched scan is the unpatched one plus the scan,
-with no inputs, of the jump (values - the state there) from the position on (`patch_by_jump`).
-Without gradients, on the PyTorch path, the selective scan patches inside its one pass.
+A patch is exact for every scan because each is affine in its state: the patched scan is the
+unpatched one plus the scan, with no inputs, of the jump (values - the state there) from the
+position on.
 """
 
 from __future__ import annotations
@@ -34,8 +16,24 @@ from typing import NamedTuple
 import torch
 
 
+class Asked(NamedTuple):
+    """What a call asks of a scan at positions beyond its output (see kernels.positions).
+
+    Attributes:
+        states_at: (B, P) integer positions whose states to return, or None.
+        out_at: (B,) the one position per row whose output to return, or None (every one).
+        state_patch: (positions (B,), values (B, *state)), the state to replace, or None.
+        return_final_state: return the state after the last position.
+    """
+
+    states_at: torch.Tensor | None = None
+    out_at: torch.Tensor | None = None
+    state_patch: tuple[torch.Tensor, torch.Tensor] | None = None
+    return_final_state: bool = False
+
+
 class ScanAt(NamedTuple):
-    """What a scan at positions returns (see the module docstring).
+    """What a scan at positions returns (see kernels.positions).
 
     Attributes:
         out: the output, every position or (with `out_at`) one per row.

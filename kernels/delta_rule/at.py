@@ -1,6 +1,7 @@
-"""`chunk_delta_rule_at`: the delta rule at positions (states after steps, the output at one
-step per row, a patched state; kernels.scan_at says what each means), and `scan_at`, the scan at
-positions of either op of the family (the gated delta rule's calls it too)."""
+"""`at_positions_of_delta_rule`: the scan at positions of either op of the delta-rule family, the
+delta rule or the gated delta rule (states after steps, the output at one step per row, a
+patched state; kernels.at_positions says what each means), and `scan_at`, the same on validated
+arguments."""
 
 from __future__ import annotations
 
@@ -9,47 +10,35 @@ import functools
 import torch
 
 from kernels._op import Op, needs_grad
-from kernels.delta_rule.op import OP, DeltaArgs, checked, kernel_for
-from kernels.scan_at import ScanAt, patch_by_jump
+from kernels.delta_rule.op import DeltaArgs, checked, kernel_for
+from kernels.scan_at import Asked, ScanAt, patch_by_jump
 from kernels.validation import check_positions, check_state_patch, one_per_row
 
 
-def chunk_delta_rule_at(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    use_qk_l2norm_in_kernel: bool = False,
-    *,
-    states_at: torch.Tensor | None = None,
-    out_at: torch.Tensor | None = None,
-    state_patch: tuple[torch.Tensor, torch.Tensor] | None = None,
-    return_final_state: bool = False,
-    backend: str | None = None,
-) -> ScanAt:
-    """`chunk_delta_rule`'s scan at positions (see kernels.scan_at).
+def at_positions_of_delta_rule(op: Op, arguments: dict, asked: Asked) -> ScanAt:
+    """The scan at positions of `op`, `chunk_delta_rule`'s or `chunk_gated_delta_rule`'s (see
+    kernels.at_positions).
 
     Args:
-        q ... use_qk_l2norm_in_kernel: as `chunk_delta_rule` takes them.
-        states_at: optional (B, P) integer steps; `states` is then (B, P, H, K, V) in the
-            final state's dtype.
-        out_at: optional (B,) integer steps; `out` is then (B, 1, H, V).
-        state_patch: optional (positions (B,), values (B, H, K, V)).
-        return_final_state: return the state after the last step, (B, H, K, V).
-        backend: "auto", "triton" or "torch"; None uses the process default.
+        op: the op of the family (kernels.delta_rule.op.OP, kernels.gated_delta_rule.op.OP).
+        arguments: the op's public function's arguments by name (q, k, v, g for the gated
+            delta rule, beta, scale, initial_state, use_qk_l2norm_in_kernel, backend).
+        asked: what to return beside the output; the state is (B, H, K, V) float32 (float64
+            for float64 inputs) (`states` (B, P, H, K, V), patch values (B, H, K, V)), `out`
+            at `out_at` (B, 1, H, V).
 
     Without gradients, states come from the PyTorch path in one pass (on any device), and the
     PyTorch path forms the output at `out_at` alone (the state still runs through every step);
     with gradients, states come from one call per step (slow, exact). A patch is the unpatched
     scan plus the scan of its jump.
     """
+    q, k, v, beta = (arguments[name] for name in ("q", "k", "v", "beta"))
     a, chosen = checked(
-        OP, backend, q, k, v, None, beta, scale, initial_state, return_final_state,
-        use_qk_l2norm_in_kernel,
+        op, arguments["backend"], q, k, v, arguments.get("g"), beta, arguments["scale"],
+        arguments["initial_state"], asked.return_final_state,
+        arguments["use_qk_l2norm_in_kernel"],
     )  # fmt: skip
-    return scan_at(OP, a, chosen, states_at, out_at, state_patch)
+    return scan_at(op, a, chosen, asked.states_at, asked.out_at, asked.state_patch)
 
 
 def scan_at(op: Op, a: DeltaArgs, backend: str, states_at, out_at, state_patch) -> ScanAt:

@@ -211,7 +211,7 @@ def chunk_delta_rule(
     Returns:
         (o (B, T, H, V) in q's dtype, the final state (B, H, K, V) in float32 (float64 for
         float64 inputs) or None). States after given steps, the output at one step, a patched
-        state: `kernels.chunk_delta_rule_at`.
+        state: `kernels.at_positions(kernels.chunk_delta_rule, ...)`.
     """
     return run(OP, backend, q, k, v, None, beta, scale, initial_state, output_final_state,
                use_qk_l2norm_in_kernel, cu_seqlens, head_first)  # fmt: skip

@@ -45,7 +45,7 @@ def chunk_gated_delta_rule(
     Returns:
         (o, the final state or None) as `kernels.chunk_delta_rule` returns them; g's gradient
         in g's dtype. States after given steps, the output at one step, a patched state:
-        `kernels.chunk_gated_delta_rule_at`.
+        `kernels.at_positions(kernels.chunk_gated_delta_rule, ...)`.
     """
     return run(OP, backend, q, k, v, g, beta, scale, initial_state, output_final_state,
                use_qk_l2norm_in_kernel, cu_seqlens, head_first)  # fmt: skip

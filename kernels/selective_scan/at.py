@@ -1,5 +1,5 @@
-"""`selective_scan_at`: the selective scan at positions (states after positions, the output at
-one position per row, a patched state; kernels.scan_at says what each means)."""
+"""`at_positions_of_selective_scan`: the selective scan at positions (states after positions, the
+output at one position per row, a patched state; kernels.at_positions says what each means)."""
 
 from __future__ import annotations
 
@@ -9,38 +9,23 @@ import torch
 import torch.nn.functional as F
 
 from kernels._op import needs_grad
-from kernels.scan_at import ScanAt, patch_by_jump
+from kernels.scan_at import Asked, ScanAt, patch_by_jump
 from kernels.selective_scan.op import OP, ScanArgs, checked, selective_scan_fn
 from kernels.validation import check_positions, check_state_patch, one_per_row
 
+# selective_scan_fn's inputs, in the order `checked` takes them after the backend.
+SCAN_INPUTS = (
+    "u", "delta", "A", "B", "C", "D", "z", "delta_bias", "delta_softplus", "initial_state",
+)  # fmt: skip
 
-def selective_scan_at(
-    u: torch.Tensor,
-    delta: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor | None = None,
-    z: torch.Tensor | None = None,
-    delta_bias: torch.Tensor | None = None,
-    delta_softplus: bool = False,
-    initial_state: torch.Tensor | None = None,
-    *,
-    states_at: torch.Tensor | None = None,
-    out_at: torch.Tensor | None = None,
-    state_patch: tuple[torch.Tensor, torch.Tensor] | None = None,
-    return_final_state: bool = False,
-    backend: str | None = None,
-) -> ScanAt:
-    """`selective_scan_fn`'s scan at positions (see kernels.scan_at).
+
+def at_positions_of_selective_scan(arguments: dict, asked: Asked) -> ScanAt:
+    """`selective_scan_fn`'s scan at positions (see kernels.at_positions).
 
     Args:
-        u ... initial_state: as `selective_scan_fn` takes them.
-        states_at: optional (B, P) integer positions; `states` is then (B, P, D, N) float32.
-        out_at: optional (B,) integer positions; `out` is then (B, D, 1).
-        state_patch: optional (positions (B,), values (B, D, N)).
-        return_final_state: return the state after the last position, (B, D, N) float32.
-        backend: "auto", "triton" or "torch"; None uses the process default.
+        arguments: `selective_scan_fn`'s arguments by name (u ... initial_state, backend).
+        asked: what to return beside the output; the state is (B, D, N) float32 (`states`
+            (B, P, D, N), patch values (B, D, N)), `out` at `out_at` (B, D, 1).
 
     Without gradients, states and patches run on the PyTorch path (on any device: the Triton
     kernels keep the state on chip), in one pass; the output at `out_at` alone is formed
@@ -48,22 +33,16 @@ def selective_scan_at(
     gradients, states come from one call per position (slow, exact) and a patch from the
     unpatched scan plus the scan of its jump.
     """
-    a, chosen = checked(backend, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state)
-    batch, channels, length = u.shape
-    read = (
-        None
-        if states_at is None
-        else check_positions(OP.public, states_at, batch, length, u.device)
-    )
-    one = (
-        None
-        if out_at is None
-        else one_per_row(OP.public, "out_at", out_at, batch, length, u.device)
-    )
+    a, chosen = checked(arguments["backend"], *(arguments[name] for name in SCAN_INPUTS))
+    states_at, out_at, state_patch, return_final_state = asked
+    batch, channels, length = a.u.shape
+    public, device = OP.public, a.u.device
+    read = None if states_at is None else check_positions(public, states_at, batch, length, device)
+    one = None if out_at is None else one_per_row(public, "out_at", out_at, batch, length, device)
     if state_patch is None:
         return _unpatched(a, chosen, read, one, return_final_state)
-    shape = (batch, channels, A.shape[1])
-    positions, values = check_state_patch(OP.public, state_patch, shape, length, u.device)
+    shape = (batch, channels, a.A.shape[1])
+    positions, values = check_state_patch(public, state_patch, shape, length, device)
     if not needs_grad((*a, values)):  # one pass that patches as it goes
         out, last, states = OP.implementation("torch").forward_patched(
             a, positions, values, read, one

@@ -165,7 +165,7 @@ def selective_scan_fn(
     Returns:
         out (B, D, L) in u's dtype and memory layout, or (out, last_state (B, D, N) float32).
         States after given positions, the output at one position, a patched state:
-        `kernels.selective_scan_at`.
+        `kernels.at_positions(kernels.selective_scan_fn, ...)`.
     """
     a, chosen = checked(backend, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state)
     # The backward's checkpoints only when autograd will ask for a backward.

@@ -7,7 +7,7 @@ Two implementations, chosen by the backend (kernels.backend):
             over its channels and state indices, dt broadcast from heads to channels, B and C
             as groups of channels; the selective scan's Triton kernels (and their backward,
             vmap rule and custom op) then run it.
-The selective-scan form is also what runs the scan at positions (`mamba2_scan_at`: states,
+The selective-scan form is also what runs the scan at positions (kernels.ssd.at: states,
 outputs at positions, patched states), on either backend. docs/kernels.md has the
 measurements behind the choice.
 """
@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels.backend import resolve_backend
-from kernels.scan_at import ScanAt
-from kernels.selective_scan import selective_scan_at
+from kernels.scan_at import Asked, ScanAt
+from kernels.selective_scan.at import at_positions_of_selective_scan
 from kernels.selective_scan.op import MAX_STATE
 from kernels.ssd.chunked import ssd_chunked
 from kernels.validation import (
@@ -176,7 +176,7 @@ def mamba2_scan(
     Returns:
         out (B, L, H, P) in x's dtype, or (out, final_states (B, H, P, N) float32). States
         after given positions, the output at one position, a patched state:
-        `kernels.mamba2_scan_at`.
+        `kernels.at_positions(kernels.mamba2_scan, ...)`.
     """
     refuse_unsupported(
         OP,
@@ -188,7 +188,7 @@ def mamba2_scan(
         backend, x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states, chunk_size, dt_limit
     )
     if chosen == "triton":
-        out, last, _ = on_selective_scan(a, chosen)
+        out, last, _ = on_selective_scan(a, chosen, Asked(return_final_state=True))
     else:
         out, last = ssd_chunked(*a, chunk_size=chunk_size)
         last = last.float() if last.dtype != torch.float64 else last
@@ -200,18 +200,11 @@ def _per_channel(t: torch.Tensor, P: int) -> torch.Tensor:
     return t[:, None].expand(t.shape[0], P).reshape(-1)
 
 
-def on_selective_scan(
-    a: Inputs,
-    backend: str,
-    states_at: torch.Tensor | None = None,
-    out_at: torch.Tensor | None = None,
-    state_patch: tuple[torch.Tensor, torch.Tensor] | None = None,
-    return_final_state: bool = True,
-) -> ScanAt:
+def on_selective_scan(a: Inputs, backend: str, asked: Asked) -> ScanAt:
     """Mamba-2 as a selective scan at positions over D = H * P channels (channel h * P + p),
     whose group g of B and C covers channels of heads [g H / G, (g + 1) H / G), as Mamba-2's
     does. Returns out (B, L or 1, H, P), the final state (B, H, P, N), the states
-    (B, K, H, P, N)."""
+    (B, K, H, P, N); the patch values in `asked` (B, H, P, N) are validated by the caller."""
     batch, length, heads, P = a.x.shape
     N = a.B.shape[3]
     channels = lambda t: t.reshape(batch, length, heads * P).transpose(1, 2)  # noqa: E731
@@ -221,25 +214,23 @@ def on_selective_scan(
     init = a.initial_states
     if init is not None:
         init = init.reshape(batch, heads * P, N)
-    if state_patch is not None:  # (validated by the caller) values (B, H, P, N)
-        state_patch = (state_patch[0], state_patch[1].reshape(batch, heads * P, N))
-    result = selective_scan_at(
-        channels(a.x),
-        channels(a.dt[..., None].expand(batch, length, heads, P)),
-        a.A[:, None, None].expand(heads, P, N).reshape(heads * P, N),
-        a.B.permute(0, 2, 3, 1),  # (B, G, N, L)
-        a.C.permute(0, 2, 3, 1),
-        D,
-        None if a.z is None else channels(a.z),
-        None if a.dt_bias is None else _per_channel(a.dt_bias, P),
-        a.dt_softplus,
-        init,
-        states_at=states_at,
-        out_at=out_at,
-        state_patch=state_patch,
-        return_final_state=return_final_state,
+    if asked.state_patch is not None:
+        positions, values = asked.state_patch
+        asked = asked._replace(state_patch=(positions, values.reshape(batch, heads * P, N)))
+    scan = dict(
+        u=channels(a.x),
+        delta=channels(a.dt[..., None].expand(batch, length, heads, P)),
+        A=a.A[:, None, None].expand(heads, P, N).reshape(heads * P, N),
+        B=a.B.permute(0, 2, 3, 1),  # (B, G, N, L)
+        C=a.C.permute(0, 2, 3, 1),
+        D=D,
+        z=None if a.z is None else channels(a.z),
+        delta_bias=None if a.dt_bias is None else _per_channel(a.dt_bias, P),
+        delta_softplus=a.dt_softplus,
+        initial_state=init,
         backend=backend,
     )
+    result = at_positions_of_selective_scan(scan, asked)
     out = result.out.transpose(1, 2).unflatten(-1, (heads, P))
     final, states = result.final_state, result.states
     return ScanAt(

@@ -8,8 +8,8 @@ Parameter names and options follow `fla.layers.DeltaNet` where they overlap:
     S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T                   S_t (K, V) per head
     o_t = rmsnorm(S_t^T q_t / sqrt(K)) ;  out = o W_o
 
-The delta rule runs through `kernels.chunk_delta_rule_at` (q and k normalised inside the kernel;
-kernels.scan_at).
+The delta rule runs through `kernels.chunk_delta_rule` at positions (q and k normalised inside
+the kernel; kernels.at_positions).
 Not supported from fla: `mode` (the kernel backend decides), `use_gate`, padding masks, caches.
 """
 
@@ -105,7 +105,8 @@ class DeltaNet(ShortConvQKV):
         if self.qk_norm == "sum":
             q, k = q / q.sum(-1, keepdim=True), k / k.sum(-1, keepdim=True)
         scan_at = functools.partial(
-            kernels.chunk_delta_rule_at,
+            kernels.at_positions,
+            kernels.chunk_delta_rule,
             q,
             k,
             v,

@@ -11,8 +11,8 @@ Parameter names and shapes follow `fla.layers.GatedDeltaNet` (one value head per
     o_t = S_t^T q_t / sqrt(K)
     out = (rmsnorm(o) * w_norm * silu(u W_g)) W_o          gated RMSNorm per head (use_gate)
 
-The recurrence runs through `kernels.chunk_gated_delta_rule_at` (q and k normalised inside it;
-kernels.scan_at).
+The recurrence runs through `kernels.chunk_gated_delta_rule` at positions (q and k normalised
+inside it; kernels.at_positions).
 Not supported from fla: `mode` (the kernel backend decides), `num_v_heads` > num_heads
 (grouped value heads), padding masks, caches.
 """
@@ -131,7 +131,8 @@ class GatedDeltaNet(ShortConvQKV):
             self.a_proj(hidden_states).float() + self.dt_bias.float()
         )
         scan_at = functools.partial(
-            kernels.chunk_gated_delta_rule_at,
+            kernels.at_positions,
+            kernels.chunk_gated_delta_rule,
             q,
             k,
             v,

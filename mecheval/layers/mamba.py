@@ -12,10 +12,10 @@ same output:
     y_t = (h_t C_t + D x_t) * silu(z_t)
     out = y W_out
 
-The conv runs through `kernels.causal_conv1d_fn`, the scan through `kernels.selective_scan_at`
-(whichever backend the process default picks; kernels.scan_at); what the model and the grid may
-use is declared by `RecurrentMixer` (mecheval.layers.recurrent). No incremental decoding
-(`inference_params`).
+The conv runs through `kernels.causal_conv1d_fn`, the scan through `kernels.selective_scan_fn`
+at positions (whichever backend the process default picks; kernels.at_positions); what the model
+and the grid may use is declared by `RecurrentMixer` (mecheval.layers.recurrent). No incremental
+decoding (`inference_params`).
 """
 
 from __future__ import annotations
@@ -158,7 +158,8 @@ class Mamba(MambaBase):
         dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         delta = F.linear(dt, self.dt_proj.weight)  # bias added (then softplus) in the scan
         scan_at = functools.partial(
-            kernels.selective_scan_at,
+            kernels.at_positions,
+            kernels.selective_scan_fn,
             x.transpose(1, 2),  # (B, D, L)
             delta.transpose(1, 2),
             -torch.exp(self.A_log.float()),
@@ -167,8 +168,8 @@ class Mamba(MambaBase):
             self.D.float(),
             z.transpose(1, 2),
             self.dt_proj.bias.float(),
-            True,
-            state,
+            delta_softplus=True,
+            initial_state=state,
         )
         return scan_at, windows, None
 

@@ -12,10 +12,10 @@ its tensor-parallel and `d_ssm` options), so its state dict loads with `strict=T
     y = RMSNorm_groups(y * silu(z)) * norm.weight        (gated RMSNorm, per group of channels)
     out = y W_out
 
-The conv runs through `kernels.causal_conv1d_fn`, the scan through `kernels.mamba2_scan_at`
-(whichever backend the process default picks; kernels.scan_at); what the model and the grid may
-use is declared by `RecurrentMixer` (mecheval.layers.recurrent). No incremental decoding
-(`inference_params`).
+The conv runs through `kernels.causal_conv1d_fn`, the scan through `kernels.mamba2_scan` at
+positions (whichever backend the process default picks; kernels.at_positions); what the model
+and the grid may use is declared by `RecurrentMixer` (mecheval.layers.recurrent). No incremental
+decoding (`inference_params`).
 """
 
 from __future__ import annotations
@@ -188,17 +188,18 @@ class Mamba2(MambaBase):
         x, B, C = xBC.split([self.d_inner, G * N, G * N], dim=-1)
         D = self.D.float().view(H, P) if self.D_has_hdim else self.D.float()
         scan_at = functools.partial(
-            kernels.mamba2_scan_at,
+            kernels.at_positions,
+            kernels.mamba2_scan,
             x.unflatten(-1, (H, P)),
             dt,
             -torch.exp(self.A_log.float()),
             B.unflatten(-1, (G, N)),
             C.unflatten(-1, (G, N)),
-            D,
-            None if self.rmsnorm else z.unflatten(-1, (H, P)),
-            self.dt_bias.float(),
-            True,
-            state,
+            D=D,
+            z=None if self.rmsnorm else z.unflatten(-1, (H, P)),
+            dt_bias=self.dt_bias.float(),
+            dt_softplus=True,
+            initial_states=state,
         )
         return scan_at, windows, z
 

@@ -121,10 +121,10 @@ class RecurrentMixer(Mixer):
         state: torch.Tensor | None,
         resume: Resume | None,
     ) -> tuple[Callable[..., kernels.ScanAt], tuple, object]:
-        """The scan's side of `forward`: (the scan for `scan`, a `kernels` `*_scan_at` with its
-        inputs bound, continuing from `state`; the convolutions' windows after hidden_states'
-        last position (from `short_convs`, which continues from `windows`); whatever `output`
-        needs beside the scan's output)."""
+        """The scan's side of `forward`: (the scan for `scan`, `kernels.at_positions` with a
+        drop-in scan and its inputs bound, continuing from `state`; the convolutions' windows
+        after hidden_states' last position (from `short_convs`, which continues from
+        `windows`); whatever `output` needs beside the scan's output)."""
         raise NotImplementedError(f"{type(self).__name__} writes no scan_inputs")
 
     def output(self, out: torch.Tensor, aside: object, at: torch.Tensor | None) -> torch.Tensor:

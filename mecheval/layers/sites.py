@@ -149,10 +149,10 @@ def _apply(plan: SitePlan, x: torch.Tensor) -> torch.Tensor:
 class StateSite(nn.Module):
     """The recurrent state of a scan, h_t = the state after position t, as a site.
 
-    The layer hands `scan` its scan at positions (one of the `kernels.*_at` functions with the
-    layer's inputs bound, kernels.scan_at) and the scan runs once: idle, plainly; active, also
-    returning the states after the positions a read asks for (`states_at`) and replacing the
-    state after each row's patch position inside the scan (`state_patch`: the outputs after it
+    The layer hands `scan` its scan at positions (`kernels.at_positions` with a drop-in scan and
+    the layer's inputs bound) and the scan runs once: idle, plainly; active, also returning the
+    states after the positions a read asks for (`states_at`) and replacing the state after
+    each row's patch position inside the scan (`state_patch`: the outputs after it
     see the patched state, the output at it the unpatched one). Reads come after patches (a read
     of a patched state is the patched state). Every row may have its own positions.
 

@@ -1,22 +1,25 @@
-"""The scans at positions (kernels.scan_at: selective_scan_at, mamba2_scan_at,
-chunk_delta_rule_at, chunk_gated_delta_rule_at): states after positions and outputs at
-positions against each op's per-step reference, and a patched state against the reference
-resumed from the patch on each row's suffix, without gradients and with them (the gradients
-too); bad arguments refused by name."""
+"""The scans at positions (kernels.at_positions over selective_scan_fn, mamba2_scan,
+chunk_delta_rule, chunk_gated_delta_rule): states after positions and outputs at positions
+against each op's per-step reference, and a patched state against the reference resumed from
+the patch on each row's suffix, without gradients and with them (the gradients too); bad
+arguments refused by name."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 
 import pytest
 import torch
 
 from kernels import (
-    chunk_delta_rule_at,
-    chunk_gated_delta_rule_at,
-    mamba2_scan_at,
-    selective_scan_at,
+    ScanAt,
+    at_positions,
+    chunk_delta_rule,
+    chunk_gated_delta_rule,
+    mamba2_scan,
+    selective_scan_fn,
 )
 from kernels.delta_rule import delta_rule_ref
 from kernels.delta_rule import torch_path as delta_torch_path
@@ -94,16 +97,19 @@ def _gated_ref(x: dict, states_at):
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """One scan at positions and what its oracles need to know of its layouts."""
+    """One drop-in scan, at positions, and what its oracles need to know of its layouts."""
 
     name: str
-    at: Callable
+    scan: Callable  # the drop-in
     ref: Callable  # ref(inputs, states_at) -> (out, final state, states)
     make: Callable[[torch.Generator], dict]
     initial: str  # the initial state's keyword
     timed: dict[str, int]  # inputs with batch and time axes -> their time axis
     out_time: int  # the output's time axis
     grad_input: str  # an input whose gradient the tests compare
+
+    def at(self, *args, **kwargs) -> ScanAt:
+        return at_positions(self.scan, *args, **kwargs)
 
     def inputs(self, seed: int) -> dict:
         return self.make(torch.Generator().manual_seed(seed))
@@ -123,7 +129,7 @@ class Spec:
 SPECS = [
     Spec(
         "selective_scan",
-        selective_scan_at,
+        selective_scan_fn,
         _selective_ref,
         _selective_inputs,
         "initial_state",
@@ -133,7 +139,7 @@ SPECS = [
     ),
     Spec(
         "mamba2_scan",
-        mamba2_scan_at,
+        mamba2_scan,
         _mamba2_ref,
         _mamba2_inputs,
         "initial_states",
@@ -143,7 +149,7 @@ SPECS = [
     ),
     Spec(
         "delta_rule",
-        chunk_delta_rule_at,
+        chunk_delta_rule,
         _delta_ref,
         _delta_inputs,
         "initial_state",
@@ -153,7 +159,7 @@ SPECS = [
     ),
     Spec(
         "gated_delta_rule",
-        chunk_gated_delta_rule_at,
+        chunk_gated_delta_rule,
         _gated_ref,
         lambda g: _delta_inputs(g, gated=True),
         "initial_state",
@@ -276,6 +282,93 @@ def test_bad_arguments_are_refused_by_name(spec):
         spec.at(**x, states_at=torch.tensor([0, 1, 2]))
     with pytest.raises(ValueError, match="states_at must lie in"):
         spec.at(**x, states_at=torch.tensor([[0], [LENGTH], [1]]))
+
+
+def test_a_scan_that_is_not_a_drop_in_is_refused_by_type():
+    x = SPECS[0].inputs(seed=5)
+    allowed = (
+        "kernels.selective_scan_fn, kernels.mamba2_scan, kernels.chunk_delta_rule, "
+        "kernels.chunk_gated_delta_rule"
+    )
+    for scan in (selective_scan_ref, "selective_scan_fn", [selective_scan_fn]):
+        with pytest.raises(TypeError, match=f"scan must be one of {allowed}, got"):
+            at_positions(scan, **x)
+
+
+FINAL_STATE_FLAGS = {
+    "selective_scan": "return_last_state",
+    "mamba2_scan": "return_final_states",
+    "delta_rule": "output_final_state",
+    "gated_delta_rule": "output_final_state",
+}
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_the_drop_ins_own_final_state_flag_is_refused_by_name(spec):
+    x = spec.inputs(seed=5)
+    flag = FINAL_STATE_FLAGS[spec.name]
+    with pytest.raises(TypeError, match=f"{flag}=True .* pass return_final_state=True"):
+        spec.at(**x, **{flag: True})
+    assert spec.at(**x, **{flag: False}).final_state is None  # its default: accepted
+
+
+UNSUPPORTED = {
+    "selective_scan": [],
+    "mamba2_scan": [
+        ("seq_idx", torch.zeros(BATCH, LENGTH, dtype=torch.int32)),
+        ("cu_seqlens", torch.tensor([0, LENGTH])),
+        ("return_varlen_states", True),
+    ],
+    "delta_rule": [("cu_seqlens", torch.tensor([0, LENGTH])), ("head_first", True)],
+    "gated_delta_rule": [("cu_seqlens", torch.tensor([0, LENGTH])), ("head_first", True)],
+}
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_arguments_the_scan_at_positions_does_not_run_are_refused_by_name(spec):
+    """Packed sequences, whatever is asked (asked for nothing, Mamba-2's runs its drop-in)."""
+    x = spec.inputs(seed=5)
+    read = torch.tensor([[1], [2], [3]])
+    for name, value in UNSUPPORTED[spec.name]:
+        for asked in ({}, {"states_at": read}):
+            with pytest.raises(
+                ValueError, match=f"{spec.scan.__name__}: {name}=.* is not supported"
+            ):
+                spec.at(**x, **asked, **{name: value})
+    with pytest.raises(TypeError, match=f"at_positions\\({spec.scan.__name__}\\): .*'no_such'"):
+        spec.at(**x, no_such=1)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_the_drop_ins_arguments_bind_positionally_in_its_order(spec):
+    x = spec.inputs(seed=10)
+    parameters = list(inspect.signature(spec.scan).parameters)
+    ordered = {name: x[name] for name in parameters if name in x}
+    positional = []
+    for name in parameters[: max(parameters.index(name) for name in ordered) + 1]:
+        default = inspect.signature(spec.scan).parameters[name].default
+        positional.append(ordered.get(name, default))
+    read = torch.tensor([[1], [2], [3]])
+    by_name = spec.at(**x, states_at=read, return_final_state=True)
+    by_position = spec.at(*positional, states_at=read, return_final_state=True)
+    for a, b in zip(by_name, by_position, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_mamba2_step_size_limit_is_honoured_at_positions():
+    """dt_limit clamps the step sizes on the selective-scan form too (states, patches)."""
+    x = SPECS[1].inputs(seed=11)
+    limit = (0.2, 0.6)
+    out, final = mamba2_scan(**x, dt_limit=limit, return_final_states=True)
+    everything = torch.arange(LENGTH).expand(BATCH, LENGTH)
+    got = at_positions(
+        mamba2_scan, **x, dt_limit=limit, states_at=everything, return_final_state=True
+    )
+    torch.testing.assert_close(got.out, out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.final_state, final, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.states[:, -1], final, atol=1e-5, rtol=1e-5)
+    unclamped = at_positions(mamba2_scan, **x, states_at=everything).out
+    assert not torch.allclose(unclamped, out, atol=1e-3)
 
 
 @pytest.mark.parametrize("layout", ["fixed", "var", "group"])

@@ -5,6 +5,8 @@ where the references' are. Positive log decays are refused by name."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,15 +18,10 @@ from kernels.ssd.reference import mamba2_scan_ref
 NAN = float("nan")
 T = 150  # three chunks of the delta rules (64), five of the SSD (32)
 AT = torch.tensor([[3, 66, 149], [0, 70, 120]])  # states read back (delta rules)
-# (the op, its scan at positions, its reference, whether it takes log decays g)
+# (the op, its reference, whether it takes log decays g)
 DELTA_RULES = {
-    "delta_rule": (kernels.chunk_delta_rule, kernels.chunk_delta_rule_at, delta_rule_ref, False),
-    "gated_delta_rule": (
-        kernels.chunk_gated_delta_rule,
-        kernels.chunk_gated_delta_rule_at,
-        gated_delta_rule_ref,
-        True,
-    ),
+    "delta_rule": (kernels.chunk_delta_rule, delta_rule_ref, False),
+    "gated_delta_rule": (kernels.chunk_gated_delta_rule, gated_delta_rule_ref, True),
 }
 
 
@@ -66,7 +63,8 @@ def _gated_inputs(gated: bool = True) -> dict[str, torch.Tensor]:
     ],
 )
 def test_a_nan_in_a_delta_rule_stays_causal(rule, name, index):
-    op, op_at, reference, gated = DELTA_RULES[rule]
+    op, reference, gated = DELTA_RULES[rule]
+    op_at = functools.partial(kernels.at_positions, op)
     inputs = _gated_inputs(gated)
     inputs[name][index] = NAN
     o, final, states = op_at(**inputs, states_at=AT, return_final_state=True, backend="torch")

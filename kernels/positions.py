@@ -1,0 +1,161 @@
+"""`at_positions`: a recurrent drop-in's scan at positions, what an intervention engine needs
+from a scan beyond the drop-in itself, from one call that returns `ScanAt` whatever is asked.
+
+    at_positions(scan, *args, states_at=None, out_at=None, state_patch=None,
+                 return_final_state=False, **kwargs) -> ScanAt
+
+`scan` is one of the drop-ins
+
+    kernels.selective_scan_fn        Mamba's selective scan
+    kernels.mamba2_scan              Mamba-2's scan
+    kernels.chunk_delta_rule         the delta rule
+    kernels.chunk_gated_delta_rule   the gated delta rule
+
+and `*args, **kwargs` are its own arguments, as it takes them (`backend` included). Beyond them:
+
+    states_at           (B, P) integer positions: `states` holds the states after positions
+                        states_at[b, :] of each row b, (B, P, *state)
+    out_at              (B,) one position per row: `out` is the output there alone (its time
+                        axis of length 1)
+    state_patch         (positions (B,), values (B, *state)): the state after positions[b] of
+                        row b is replaced with values[b] and the scan goes on from it: the
+                        outputs after the position, the final state and the states at or after
+                        it see the patch; the output at the position itself does not
+    return_final_state  return the state after the last position (else None, and a scan may
+                        skip forming it)
+
+The drop-in's own final-state flag (`return_last_state`, `return_final_states`,
+`output_final_state`) is refused: `return_final_state` asks for the final state. So are its
+packed-sequence arguments (`seq_idx`, `cu_seqlens`, `return_varlen_states`, `head_first`) at
+anything but their defaults, as the drop-ins refuse them.
+
+Gradients flow to every tensor input and to the patch values. A patch is exact: each scan is
+affine in its state (kernels.scan_at.patch_by_jump). What runs where: each op's at.py
+(kernels.selective_scan.at, kernels.ssd.at, kernels.delta_rule.at, the last for both delta
+rules).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from kernels.delta_rule.at import at_positions_of_delta_rule
+from kernels.delta_rule.op import OP as DELTA_RULE
+from kernels.delta_rule.op import chunk_delta_rule
+from kernels.gated_delta_rule.op import OP as GATED_DELTA_RULE
+from kernels.gated_delta_rule.op import chunk_gated_delta_rule
+from kernels.scan_at import Asked, ScanAt
+from kernels.selective_scan.at import at_positions_of_selective_scan
+from kernels.selective_scan.op import selective_scan_fn
+from kernels.ssd.at import at_positions_of_mamba2_scan
+from kernels.ssd.op import mamba2_scan
+from kernels.validation import refuse_unsupported
+
+
+class Implementation(NamedTuple):
+    """How `at_positions` runs one drop-in.
+
+    Attributes:
+        run: run(arguments, asked) -> ScanAt, on the drop-in's arguments by name and what
+            the call asks for (kernels.scan_at.Asked).
+        final_state_flag: the drop-in's own flag for returning its final state.
+        unsupported: the drop-in's arguments that run only at one value: name -> that value.
+    """
+
+    run: Callable[..., ScanAt]
+    final_state_flag: str
+    unsupported: dict[str, object]
+
+
+PACKED_DELTA_RULE = {"cu_seqlens": None, "head_first": False}
+
+IMPLEMENTATIONS: dict[Callable, Implementation] = {
+    selective_scan_fn: Implementation(at_positions_of_selective_scan, "return_last_state", {}),
+    mamba2_scan: Implementation(
+        at_positions_of_mamba2_scan,
+        "return_final_states",
+        {"seq_idx": None, "cu_seqlens": None, "return_varlen_states": False},
+    ),
+    chunk_delta_rule: Implementation(
+        functools.partial(at_positions_of_delta_rule, DELTA_RULE),
+        "output_final_state",
+        PACKED_DELTA_RULE,
+    ),
+    chunk_gated_delta_rule: Implementation(
+        functools.partial(at_positions_of_delta_rule, GATED_DELTA_RULE),
+        "output_final_state",
+        PACKED_DELTA_RULE,
+    ),
+}
+
+
+def at_positions(
+    scan: Callable,
+    /,
+    *args: object,
+    states_at: torch.Tensor | None = None,
+    out_at: torch.Tensor | None = None,
+    state_patch: tuple[torch.Tensor, torch.Tensor] | None = None,
+    return_final_state: bool = False,
+    **kwargs: object,
+) -> ScanAt:
+    """`scan`, one of the recurrent drop-ins, at positions (see the module docstring).
+
+    Args:
+        scan: kernels.selective_scan_fn, kernels.mamba2_scan, kernels.chunk_delta_rule or
+            kernels.chunk_gated_delta_rule.
+        *args, **kwargs: `scan`'s own arguments, as it takes them (`backend` included).
+        states_at: optional (B, P) integer positions; `states` is then (B, P, *state).
+        out_at: optional (B,) integer positions; `out` then has a time axis of length 1.
+        state_patch: optional (positions (B,), values (B, *state)).
+        return_final_state: return the state after the last position.
+
+    Returns:
+        ScanAt(out, final_state or None, states or None). The state is (B, D, N) float32 for
+        the selective scan, (B, H, P, N) float32 for Mamba-2's, (B, H, K, V) for the delta
+        rules (float32, float64 for float64 inputs).
+
+    Raises:
+        TypeError: `scan` is not one of the four, its arguments do not bind, or its own
+            final-state flag is set.
+        ValueError: an argument the scan at positions does not run (packed sequences), or
+            a bad input (named).
+    """
+    implementation = _implementation(scan)
+    arguments = _bound(scan, args, kwargs)
+    flag = implementation.final_state_flag
+    if arguments[flag]:
+        raise TypeError(
+            f"at_positions({scan.__name__}): {flag}={arguments[flag]!r} is not how at_positions "
+            "asks for the final state: pass return_final_state=True instead"
+        )
+    refuse_unsupported(
+        scan.__name__,
+        **{name: (arguments[name], value) for name, value in implementation.unsupported.items()},
+    )
+    asked = Asked(states_at, out_at, state_patch, return_final_state)
+    return implementation.run(arguments, asked)
+
+
+def _implementation(scan: object) -> Implementation:
+    """The implementation of `scan`, one of the drop-ins (else a TypeError naming them)."""
+    for drop_in, implementation in IMPLEMENTATIONS.items():
+        if scan is drop_in:
+            return implementation
+    allowed = ", ".join(f"kernels.{drop_in.__name__}" for drop_in in IMPLEMENTATIONS)
+    raise TypeError(f"at_positions: scan must be one of {allowed}, got {scan!r}")
+
+
+def _bound(scan: Callable, args: tuple, kwargs: dict) -> dict:
+    """`scan`'s arguments by name, its defaults filled in."""
+    try:
+        bound = inspect.signature(scan).bind(*args, **kwargs)
+    except TypeError as error:
+        raise TypeError(f"at_positions({scan.__name__}): {error}") from None
+    bound.apply_defaults()
+    return bound.arguments
