@@ -90,6 +90,16 @@ STUDY_DEV_SIZE = 320
 """With a study draw, dev holds the study's evaluation documents 1..320 (those it evaluated on)
 and test the rest of them (321..1,024)."""
 
+# The options a grammar is drawn with.
+GRAMMAR_OPTIONS = (
+    "num_nonterminals",
+    "num_terminals",
+    "max_rhs_len",
+    "terminal_factor",
+    "max_depth",
+    "max_rules",
+)
+
 
 @dataclass(frozen=True)
 class TreeAnnotations:
@@ -230,15 +240,12 @@ class AssociativeTreecall(Task):
         rng = np.random.Generator(
             np.random.PCG64(np.random.SeedSequence([self.seed, _GRAMMAR_STREAM]))
         )
-        return sample_grammar(
-            rng,
-            num_nonterminals=self.num_nonterminals,
-            num_terminals=self.num_terminals,
-            max_rhs_len=self.max_rhs_len,
-            terminal_factor=self.terminal_factor,
-            max_depth=self.max_depth,
-            max_rules=self.max_rules,
-        )
+        return sample_grammar(rng, **self._grammar_options)
+
+    @property
+    def _grammar_options(self) -> dict:
+        """The options a grammar is drawn with (mecheval's draw and the study's)."""
+        return {name: getattr(self, name) for name in GRAMMAR_OPTIONS}
 
     @cached_property
     def _study_language(self) -> StudyLanguage:
@@ -247,12 +254,7 @@ class AssociativeTreecall(Task):
             self.seed,
             after_easy=self.draw == "study_after_easy",
             max_length=self.max_length,
-            num_nonterminals=self.num_nonterminals,
-            num_terminals=self.num_terminals,
-            max_rhs_len=self.max_rhs_len,
-            terminal_factor=self.terminal_factor,
-            max_depth=self.max_depth,
-            max_rules=self.max_rules,
+            **self._grammar_options,
         )
 
     @cached_property
