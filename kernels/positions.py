@@ -151,10 +151,15 @@ def _implementation(scan: object) -> Implementation:
     raise TypeError(f"at_positions: scan must be one of {allowed}, got {scan!r}")
 
 
+@functools.cache
+def _signature(scan: Callable) -> inspect.Signature:
+    return inspect.signature(scan)
+
+
 def _bound(scan: Callable, args: tuple, kwargs: dict) -> dict:
     """`scan`'s arguments by name, its defaults filled in."""
     try:
-        bound = inspect.signature(scan).bind(*args, **kwargs)
+        bound = _signature(scan).bind(*args, **kwargs)
     except TypeError as error:
         raise TypeError(f"at_positions({scan.__name__}): {error}") from None
     bound.apply_defaults()
