@@ -74,6 +74,11 @@ class TrainConfig:
     precision: "fp32" (the study's) or "bf16" (autocast, an explicit speed option on GPUs);
         the result records it.
     compile: torch.compile the model.
+    threads: PyTorch's CPU threads for the run (None: its default, the machine's cores or
+        OMP_NUM_THREADS). On CPU a run's result is a function of its config, the machine's kind
+        and this count: with another count, reductions add in another order and the weights
+        part after the first step (docs/reproduction.md, "Same config, same result"). The
+        result records the count used.
     keep_checkpoints: how many of the most recent checkpoints to keep on disk.
     max_nonfinite_steps: stop with an error (keeping the last good checkpoint, writing no
         result) once the loss has been NaN or infinite for this many consecutive steps.
@@ -98,6 +103,7 @@ class TrainConfig:
     backend: Literal["auto", "triton", "torch"] = "auto"
     precision: Literal["fp32", "bf16"] = "fp32"
     compile: bool = False
+    threads: int | None = None
     max_nonfinite_steps: int = 3
     progress: bool = True
 
@@ -112,8 +118,9 @@ class TrainConfig:
             "keep_checkpoints": self.keep_checkpoints,
             "max_nonfinite_steps": self.max_nonfinite_steps,
         }
-        if self.steps is not None:
-            positive["steps"] = self.steps
+        for name in ("steps", "threads"):
+            if getattr(self, name) is not None:
+                positive[name] = getattr(self, name)
         for name, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
@@ -153,6 +160,8 @@ def identity(config: TrainConfig) -> dict:
     fields = to_dict(config)
     for name in NOT_IDENTITY:
         fields.pop(name)
+    if fields["threads"] is None:  # unset: the runs named before the field existed keep their names
+        fields.pop("threads")
     return fields
 
 

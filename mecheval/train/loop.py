@@ -46,6 +46,7 @@ from mecheval.run_folder.checkpoints import (
     restore_newest,
     save_checkpoint,
 )
+from mecheval.run_folder.environment import environment
 from mecheval.tasks import Batch
 from mecheval.train.config import (
     TrainConfig,
@@ -250,6 +251,8 @@ def _restored_runs(configs, folders, task, device) -> tuple[list[_Run], int]:
 
 def _run(configs: list[TrainConfig], folders: list[Path], task) -> list[Any]:
     device = resolve_device(configs[0].device)
+    if configs[0].threads is not None:  # a stack shares everything but seeds and optimisers
+        torch.set_num_threads(configs[0].threads)
     torch.manual_seed(configs[0].seed)
     train_data = task.dataset("train", size=configs[0].task.train_size).to(device)
     runs, start = _restored_runs(configs, folders, task, device)
@@ -286,6 +289,7 @@ def _write_result(r: _Run, device: torch.device, wall_time: float, extra: dict) 
         wall_time_s=round(wall_time, 3),
         device=str(device),
         precision=config.precision,
+        environment=environment(device),
         **extra,
     )
 

@@ -65,6 +65,7 @@ def test_yaml_then_overrides_with_aliases_and_dotted_keys(tmp_path):
         ("optim.betas=[0.9]", ["optim.betas", "2 items"]),
         ("no_equals_sign", ["key=value"]),
         ("optim.warmup_fraction=1.5", ["warmup_fraction"]),
+        ("threads=0", ["threads must be >= 1"]),
     ],
 )
 def test_bad_keys_and_values_are_refused_by_name(override, words):
@@ -90,3 +91,11 @@ def test_values_parse_as_yaml_scalars():
 def test_identity_ignores_display_only_fields():
     assert identity(TrainConfig(progress=False)) == identity(TrainConfig(progress=True))
     assert identity(TrainConfig(seed=1)) != identity(TrainConfig(seed=2))
+
+
+def test_threads_are_part_of_a_run_only_when_set():
+    """A run with its threads set is another run than with them unset or other (its result
+    can differ); unset, the identity is what it was before the field existed."""
+    assert "threads" not in identity(TrainConfig())
+    assert identity(TrainConfig(threads=1)) != identity(TrainConfig())
+    assert identity(TrainConfig(threads=1)) != identity(TrainConfig(threads=2))

@@ -181,3 +181,22 @@ def test_step_time_is_measured_with_the_runs_optimizer(monkeypatch):
     group = seen[0]
     assert group["weight_decay"] == 0.5 and group["eps"] == 1e-6
     assert tuple(group["betas"]) == tuple(config.optim.betas)
+
+
+def test_same_config_same_threads_same_weights(tmp_path):
+    """Two runs of one config with its threads set give the same weights, bit for bit, and
+    record the environment they ran in (each in its own process: the thread count is
+    process-wide)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    for name in ("a", "b"):
+        cmd = [sys.executable, "-m", "mecheval.cli", "train", "--out", str(tmp_path / name)]
+        done = subprocess.run(
+            [*cmd, *TINY, "steps=8", "threads=1"], env=env, capture_output=True, text=True,
+            timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    a, b = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    recorded = json.loads((tmp_path / "a" / "result.json").read_text())["environment"]
+    assert recorded["torch_threads"] == 1 and recorded["torch"] == torch.__version__
+    assert recorded["machine"] and recorded["mecheval"]
