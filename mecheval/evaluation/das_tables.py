@@ -6,8 +6,10 @@ association lives.
     iia_table(das)         IIA per model, corruption, layer, site, position and k, with a 95%
                            bootstrap interval over documents (and over seeds, where a model ran
                            with several)
-    k_star_table(das)      per model, corruption, layer, site and position: the full swap's IIA,
-                           k* (the smallest k reaching KSTAR_SHARE of it) and its interval
+    k_star_table(das)      per model, corruption, layer, site and position: the IIA with no swap
+                           and with the full swap, k* (the smallest k whose IIA reaches
+                           KSTAR_SHARE of the full swap's gain over no swap) and its interval;
+                           no k* where the full swap gains less than MIN_GAIN
 
 The intervals come from the same draws for every k of a (model, site, position), so k* is
 recomputed in each draw: its interval says how sure the smallest sufficient k is.
@@ -23,7 +25,8 @@ import pandas as pd
 from mecheval.interventions.bootstrap import resample_weights
 from mecheval.run_folder.files import DAS, read_table
 
-KSTAR_SHARE = 0.9  # k* reaches this share of the full swap's IIA
+KSTAR_SHARE = 0.9  # k* reaches this share of the full swap's gain in IIA over no swap
+MIN_GAIN = 0.1  # a full swap gaining less carries too little of the answer for a k*
 MODEL = ["task", "setting", "arch", "d_model", "n_layers"]
 CELL = ["corruption", "layer", "site", "position"]
 REPS = 1000
@@ -50,9 +53,15 @@ def _draws(part: pd.DataFrame, seed: int = 0):
 
 
 def _k_star(iia: np.ndarray, ks: np.ndarray) -> np.ndarray:
-    """(..., K) IIA with the full swap last -> (...) the smallest k reaching KSTAR_SHARE of it."""
-    reached = iia >= KSTAR_SHARE * iia[..., -1:]
-    return ks[reached.argmax(-1)]
+    """(..., K) IIA, no swap (k = 0) first where measured and the full swap last -> (...) the
+    smallest k > 0 reaching KSTAR_SHARE of the full swap's gain (NaN where it gains less than
+    MIN_GAIN). Without a k = 0 column (tables from before it was measured) the gain is over 0."""
+    unswapped = iia[..., :1] if ks[0] == 0 else np.zeros_like(iia[..., :1])
+    swapped, sizes = (iia[..., 1:], ks[1:]) if ks[0] == 0 else (iia, ks)
+    gain = swapped - unswapped
+    reached = gain >= KSTAR_SHARE * gain[..., -1:]
+    k_star = sizes[reached.argmax(-1)].astype(float)
+    return np.where(gain[..., -1] >= MIN_GAIN, k_star, np.nan)
 
 
 def _cells(das: pd.DataFrame):
@@ -89,18 +98,23 @@ def k_star_table(das: pd.DataFrame) -> pd.DataFrame:
         correct, ks, weights = _draws(part)
         drawn = weights @ correct / weights.sum(1, keepdims=True)
         k_stars = _k_star(drawn, ks)
-        low = np.percentile(k_stars, 2.5, method="lower")
-        high = np.percentile(k_stars, 97.5, method="higher")
-        full = correct[:, -1].mean()
+        seen = k_stars[~np.isnan(k_stars)]
+        low = np.percentile(seen, 2.5, method="lower") if len(seen) else np.nan
+        high = np.percentile(seen, 97.5, method="higher") if len(seen) else np.nan
+        iia = correct.mean(0)
         rows.append(
             {
                 **key,
                 "width": int(ks[-1]),
-                "full_swap_iia": full,
-                "k_star": int(_k_star(correct.mean(0), ks)),
-                "k_star_low": int(low),
-                "k_star_high": int(high),
+                "no_swap_iia": iia[0] if ks[0] == 0 else np.nan,
+                "full_swap_iia": iia[-1],
+                "k_star": float(_k_star(iia, ks)),
+                "k_star_low": low,
+                "k_star_high": high,
                 "runs": part["run"].nunique(),
             }
         )
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    sizes = ["k_star", "k_star_low", "k_star_high"]
+    table[sizes] = table[sizes].astype("Int64")  # NaN (no k*) as <NA>
+    return table

@@ -86,6 +86,7 @@ def over_training(table: pd.DataFrame, out: Path) -> str | None:
 def iia_vs_k(iia: pd.DataFrame, out: Path) -> str | None:
     """DAS: one panel per site, IIA (with its interval) against the subspace size k, a line per
     model, layer, position and corruption."""
+    iia = iia[iia["k"] > 0] if len(iia) else iia  # no swap (k = 0) has no place on a log axis
     if iia.empty:
         return None
     sites = list(dict.fromkeys(iia["site"]))

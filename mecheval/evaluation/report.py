@@ -40,7 +40,13 @@ from mecheval.evaluation.analysis import (
     key_grid,
     over_training_table,
 )
-from mecheval.evaluation.das_tables import KSTAR_SHARE, das_results, iia_table, k_star_table
+from mecheval.evaluation.das_tables import (
+    KSTAR_SHARE,
+    MIN_GAIN,
+    das_results,
+    iia_table,
+    k_star_table,
+)
 from mecheval.evaluation.findings import findings_table
 from mecheval.evaluation.plots import heatmap, iia_vs_k, over_training, value_vs_query
 from mecheval.evaluation.study_numbers import at_study_scale, study_accuracy
@@ -290,10 +296,11 @@ def _sections(t: _Tables) -> list[tuple[str, str, pd.DataFrame]]:
     )
     k_star_note = (
         "Distributed alignment search (`mecheval das`, docs/das.md): k* is the smallest number "
-        f"of dimensions whose swap reaches {KSTAR_SHARE:.0%} of the full swap's interchange "
-        "intervention accuracy (IIA, held-out documents); intervals: 95% bootstrap over "
-        "documents (and seeds), k* recomputed in each draw. IIA against k: das_iia.png and "
-        "das_iia.parquet."
+        f"of dimensions whose swap gains {KSTAR_SHARE:.0%} of the full swap's gain in "
+        "interchange intervention accuracy (IIA, held-out documents) over no swap (the base "
+        f"documents unpatched); no k* where the full swap gains less than {MIN_GAIN}: the site "
+        "carries too little of the answer there. Intervals: 95% bootstrap over documents (and "
+        "seeds), k* recomputed in each draw. IIA against k: das_iia.png and das_iia.parquet."
     )
     return [
         ("Findings", _findings_note(t), t.findings),

@@ -11,7 +11,8 @@ makes the model give the answer the causal variable says it should after the swa
 al. 2024; pyvene's low-rank rotated-space intervention: the first k coordinates of a rotation).
 R is trained by gradient descent on the cross-entropy of that answer, the model's weights
 frozen; the interchange intervention accuracy (IIA) on held-out documents then says whether k
-dimensions carry the variable. At k = C, R R^T = I and the patch is the interchange grid's.
+dimensions carry the variable. At k = C, R R^T = I and the patch is the interchange grid's;
+k = 0 rows are the base run unpatched, the level a swap's IIA is measured from.
 
 Counterfactual pairs are the task's, as the grid runs them: the base is the corrupted document
 (key or value corrupted), the source the original; the causal variable is the value bound to
@@ -199,6 +200,7 @@ def das(
             _train(model, learning, train, query, target, settings, progress)
         with torch.no_grad():
             parts = [group.evaluate(model, held, query, target) for group in groups]
+    parts.append(unswapped(model, data, corrupted, held, query, target))
     return pd.concat(parts, ignore_index=True)[list(COLUMNS)]
 
 
@@ -487,6 +489,36 @@ def _run_rows(model, data: _SiteData, values, positions, starts, rows, query) ->
                 pieces.append(hidden_at(model, first, suffix, query[docs] - start, resumed))
         order.append(picked)
     return torch.cat(pieces)[torch.argsort(torch.cat(order))]
+
+
+@torch.no_grad()
+def unswapped(model, data: dict[str, _SiteData], base_tokens, docs, query, target) -> pd.DataFrame:
+    """The k = 0 rows of every (site, position): the base documents run unpatched, whose IIA
+    (how often the base alone gives the source's answer) a swap's is measured from."""
+    tokens = torch.as_tensor(base_tokens, device=query.device)[docs]
+    hidden = hidden_at(model, 0, model.embed(tokens), query[docs])
+    logits = F.linear(hidden.float(), model.unembedding.float())
+    wanted = target[docs]
+    correct = (logits.argmax(-1) == wanted).cpu().numpy()
+    p_target = (logits.gather(1, wanted[:, None])[:, 0] - logits.logsumexp(-1)).exp()
+    frames = [
+        pd.DataFrame(
+            {
+                "example": docs.cpu().numpy(),
+                "layer": site.ref.layer,
+                "site": site.ref.short,
+                "position": label,
+                "position_index": site.positions[label][docs].cpu().numpy(),
+                "k": 0,
+                "width": site.width,
+                "correct": correct,
+                "p_target": p_target.cpu().numpy(),
+            }
+        )
+        for site in data.values()
+        for label in site.positions
+    ]
+    return pd.concat(frames, ignore_index=True)
 
 
 def _groups(data: dict[str, _SiteData], combos: dict, seed: int) -> list[_SiteGroup]:

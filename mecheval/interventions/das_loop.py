@@ -19,6 +19,7 @@ from mecheval.interventions.das import (
     _frozen,
     _minibatches,
     _prepare,
+    unswapped,
 )
 from mecheval.tasks import Batch
 
@@ -52,6 +53,7 @@ def das_loop(
                 with torch.no_grad():
                     logits = run(held)
                 parts.append(_rows(site, combo, held, logits, target))
+    parts.append(unswapped(model, data, corrupted, held, query, target))
     return pd.concat(parts, ignore_index=True)[list(COLUMNS)]
 
 

@@ -56,10 +56,10 @@ def test_the_batched_run_equals_each_combination_alone(arch, sites):
     assert len(merged) == len(fast)
     np.testing.assert_allclose(merged["p_target"], merged["p_target_loop"], atol=1e-4, rtol=1e-3)
     assert (merged["correct"] == merged["correct_loop"]).all()
-    assert set(fast["k"]) == {1, 3, *fast["width"]}  # the full swap is always there
+    assert set(fast["k"]) == {0, 1, 3, *fast["width"]}  # no swap and the full swap always there
 
 
-def test_the_full_swap_is_the_interchange_grids_patch():
+def test_the_full_swap_and_no_swap_are_the_grids_patched_and_corrupted_runs():
     model = _model("mamba")
     batch, corrupted = _data()
     sites = ["block_input", "state", "mixer_output", "block_output"]
@@ -72,6 +72,10 @@ def test_the_full_swap_is_the_interchange_grids_patch():
     merged = full.merge(grid, on=["example", "layer", "site", "position"], validate="one_to_one")
     assert len(merged) == len(full) > 0
     np.testing.assert_allclose(merged["p_target"], merged["p_restored"], atol=1e-5, rtol=1e-4)
+    none = table[table["k"] == 0]  # no swap: the corrupted run
+    merged = none.merge(grid, on=["example", "layer", "site", "position"], validate="one_to_one")
+    assert len(merged) == len(none) > 0
+    np.testing.assert_allclose(merged["p_target"], merged["p_corrupted"], atol=1e-5, rtol=1e-4)
 
 
 def test_the_bases_stay_orthonormal_and_swap_a_subspace():
