@@ -40,7 +40,7 @@ def test_the_das_command_and_its_report_section(trained, tmp_path, capsys):
     assert cli.main(args) == 0
     table = pd.read_parquet(run / "das.parquet")
     assert set(table["site"]) == {"block_input"}  # attention has no recurrent state
-    assert set(table["k"]) == {1, 4, 64} and set(table["position"]) == {"value", "query"}
+    assert set(table["k"]) == {0, 1, 4, 64} and set(table["position"]) == {"value", "query"}
     assert table["example"].nunique() == 64  # half of the run's 128 evaluation documents
     stamp = (run / "das.json").stat().st_mtime_ns
     assert cli.main(args) == 0  # the same settings: read back, not searched again
@@ -52,7 +52,7 @@ def test_the_das_command_and_its_report_section(trained, tmp_path, capsys):
     k_star = pd.read_parquet(tmp_path / "runs" / "report" / "das_k_star.parquet")
     value = k_star[k_star["position"] == "value"].iloc[0]
     assert value["k_star_low"] <= value["k_star"] <= value["k_star_high"]
-    assert value["full_swap_iia"] > 0.8
+    assert value["full_swap_iia"] > 0.8 > value["no_swap_iia"]
 
 
 @pytest.mark.parametrize(
