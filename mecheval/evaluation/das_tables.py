@@ -97,18 +97,21 @@ def k_star_table(das: pd.DataFrame) -> pd.DataFrame:
     for key, part in _cells(das):
         correct, ks, weights = _draws(part)
         drawn = weights @ correct / weights.sum(1, keepdims=True)
+        iia = correct.mean(0)
+        k_star = float(_k_star(iia, ks))
         k_stars = _k_star(drawn, ks)
         seen = k_stars[~np.isnan(k_stars)]
-        low = np.percentile(seen, 2.5, method="lower") if len(seen) else np.nan
-        high = np.percentile(seen, 97.5, method="higher") if len(seen) else np.nan
-        iia = correct.mean(0)
+        low, high = np.nan, np.nan  # no k*: no interval either
+        if not np.isnan(k_star):
+            low = np.percentile(seen, 2.5, method="lower")
+            high = np.percentile(seen, 97.5, method="higher")
         rows.append(
             {
                 **key,
                 "width": int(ks[-1]),
                 "no_swap_iia": iia[0] if ks[0] == 0 else np.nan,
                 "full_swap_iia": iia[-1],
-                "k_star": float(_k_star(iia, ks)),
+                "k_star": k_star,
                 "k_star_low": low,
                 "k_star_high": high,
                 "runs": part["run"].nunique(),
