@@ -11,16 +11,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from mecheval.interventions.das import (
-    COLUMNS,
-    DEFAULT_DIMS,
-    Bases,
-    DasSettings,
-    _frozen,
-    _minibatches,
-    _prepare,
-    unswapped,
-)
+from mecheval.interventions.das import COLUMNS, Bases, DasSettings, _frozen, _minibatches
+from mecheval.interventions.das_data import DEFAULT_DIMS, prepare, unswapped
 from mecheval.tasks import Batch
 
 
@@ -36,8 +28,8 @@ def das_loop(
 ) -> pd.DataFrame:
     """Same arguments and result as `das`, each combination trained alone."""
     settings = settings or DasSettings()
-    data, combos, target, query, train, held = _prepare(
-        model, batch, corrupted, sites, positions, dims, layers, settings
+    data, combos, target, query, train, held = prepare(
+        model, batch, corrupted, sites, positions, dims, layers, settings.holdout
     )
     base_tokens = torch.as_tensor(corrupted, device=query.device)
     parts = []

@@ -96,12 +96,13 @@ def test_pyvenes_rotated_space_intervention_gives_the_same_patched_logits():
     hooked onto the site in a full forward of the base documents, gives the logits at the
     query that our batched run (from the site's block, read out at the query) gives."""
     pyvene = pytest.importorskip("pyvene")
-    from mecheval.interventions.das import _prepare, _SiteGroup
+    from mecheval.interventions.das import _SiteGroup
+    from mecheval.interventions.das_data import prepare
 
     model = _model("attention")
     batch, corrupted = _data()
-    data, combos, _, query, _, held = _prepare(
-        model, batch, corrupted, ["mixer_output"], ["value"], [3], [1], SETTINGS
+    data, combos, _, query, _, held = prepare(
+        model, batch, corrupted, ["mixer_output"], ["value"], [3], [1], SETTINGS.holdout
     )
     (name,) = combos
     combo = next(c for c in combos[name] if c.k == 3)

@@ -1,0 +1,217 @@
+"""What DAS reads before it trains (mecheval.interventions.das): the (site, position, k)
+combinations, each site's activations at the patched positions in the clean (source) and
+corrupted (base) runs, the base's residual and contexts its patched runs start from, and the
+no-swap rows (k = 0), the base documents unpatched.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from mecheval.interventions.grid import base_run, hidden_at
+from mecheval.interventions.plan import (
+    AFTER_MIXER,
+    AFTER_MLP_INPUT,
+    SiteRef,
+    _resume_points,
+    select_sites,
+)
+from mecheval.interventions.positions import expand_positions, resolve_position
+
+DEFAULT_DIMS = (1, 2, 4, 8, 16, 32, 64)
+# Bytes the base contexts at the resume points may take (as the interchange grid's default).
+GRID_MEMORY_BUDGET = 1 << 30
+
+
+@dataclass(frozen=True)
+class Combination:
+    """One (site, position label, k): the unit DAS trains one R for."""
+
+    site: SiteRef
+    label: str
+    k: int
+
+    def seed(self, seed: int) -> int:
+        key = f"{self.site.name}|{self.label}|{self.k}".encode()
+        return (zlib.crc32(key) + 1_000_003 * seed) % (2**63)
+
+
+@dataclass
+class SiteData:
+    """What one site's combinations need, read once from the clean and corrupted runs:
+    activations at each label's positions (label -> (n, width), in the compute dtype), the
+    base's residual entering the block patched runs start at (the site's, or the next one for
+    a site after its block's mixer, as the interchange grid runs them), and the positions."""
+
+    ref: SiteRef
+    width: int
+    shape: tuple[int, ...]  # the activation's shape after the batch axis
+    base: dict[str, torch.Tensor]
+    source: dict[str, torch.Tensor]
+    positions: dict[str, torch.Tensor]
+    starts: dict[str, torch.Tensor]  # label -> (n,) the resume point each row runs from
+    residual: torch.Tensor  # (n, needed, d_model) entering block first_block
+    contexts: dict[int, list]  # resume point -> every block's base context there
+    first_block: int
+    # After the mixer: the base's input of the site's block, and (after the MLP's input) its
+    # mixer's output, (n, needed, d_model) each, for one-position runs of the block.
+    block_input: torch.Tensor | None = None
+    mixer_output: torch.Tensor | None = None
+
+
+def prepare(model, batch, corrupted, sites, positions, dims, layers, holdout: float):
+    """(site data by name, combinations by site name, the answers, the query positions, the
+    training documents, the held-out documents): every site's activations read once from the
+    clean and corrupted runs, with the resume points of the base run."""
+    device = next(model.parameters()).device
+    batch = batch.to(device)
+    base_tokens = torch.as_tensor(corrupted, device=device)
+    if base_tokens.shape != batch.tokens.shape:
+        raise ValueError(
+            f"corrupted must have the batch's shape {tuple(batch.tokens.shape)}, "
+            f"got {tuple(base_tokens.shape)}"
+        )
+    n, length = batch.tokens.shape
+    held_n = int(round(holdout * n))
+    if held_n < 1 or n - held_n < 1:
+        raise ValueError(
+            f"DAS needs documents to train on and to hold out: {n} with holdout {holdout}"
+        )
+    dims = sorted({int(k) for k in dims})
+    if not dims or dims[0] < 1:
+        raise ValueError(f"dims must be subspace sizes >= 1, got {dims}")
+    labels = expand_positions(positions, length)
+    where = {label: resolve_position(label, batch) for label in labels}
+    query = batch.positions["query"]
+    needed = int(query.max()) + 1
+    refs = select_sites(model, layers, sites)
+    data = _read(model, refs, where, batch.tokens, base_tokens, needed)
+    _add_resume_points(model, data, where, base_tokens, query, needed)
+    combos = {
+        ref.name: [
+            Combination(ref, label, k)
+            for label in labels
+            for k in [*(k for k in dims if k < data[ref.name].width), data[ref.name].width]
+        ]
+        for ref in refs
+    }
+    order = torch.arange(n, device=device)
+    return data, combos, batch.answers, query, order[: n - held_n], order[n - held_n :]
+
+
+def _read(model, refs, where, tokens, base_tokens, needed) -> dict[str, SiteData]:
+    """Every site's activations at each label's positions in the clean (source) and corrupted
+    (base) runs, and the base's residual entering each site's block."""
+    labels = list(where)
+    at = torch.stack([where[label] for label in labels], dim=1)  # (n, P)
+    reads = {r.name: (at if r.short == "state" else None) for r in refs}
+    reads.update({f"layers.{r.layer}.block_input": None for r in refs})
+    reads.update({f"layers.{r.layer}.block_output": None for r in refs if r.short in AFTER_MIXER})
+    reads.update(
+        {f"layers.{r.layer}.mixer_output": None for r in refs if r.short in AFTER_MLP_INPUT}
+    )
+    runs = {}
+    with torch.no_grad():
+        for name, tokens_of in (("source", tokens), ("base", base_tokens)):
+            with model.intervene(reads=reads) as record:
+                model.forward_from(0, model.embed(tokens_of), head=False)
+            runs[name] = dict(record)
+    rows = torch.arange(len(at), device=at.device)
+    data = {}
+    for ref in refs:
+        per_label = {}
+        for which in ("source", "base"):
+            values = runs[which][ref.name]
+            if ref.short == "state":  # (n, P, *state): the states after each label's position
+                picked = {label: values[:, j] for j, label in enumerate(labels)}
+            else:
+                picked = {label: values[rows, where[label]] for label in labels}
+            per_label[which] = picked
+        shape = tuple(per_label["source"][labels[0]].shape[1:])
+        flat = {
+            which: {lab: v.reshape(len(v), -1).float() for lab, v in per.items()}
+            for which, per in per_label.items()
+        }
+        width = int(np.prod(shape))
+        data[ref.name] = SiteData(
+            ref,
+            width,
+            shape,
+            flat["base"],
+            flat["source"],
+            where,
+            {},
+            *_entering(ref, runs["base"], needed),
+        )
+    return data
+
+
+def _add_resume_points(model, data, where, base_tokens, query, needed) -> None:
+    """Each row's resume point (the interchange grid's: the largest at or before its patch;
+    0 where the model cannot resume) and the base run's contexts there."""
+    n = len(base_tokens)
+    points: list[int] = []
+    if model.can_resume(0):
+        positions = torch.cat(list(where.values()))
+        points = _resume_points(model, positions, needed, n, GRID_MEMORY_BUDGET)
+    contexts: dict[int, list] = {0: [None] * len(model.layers)}
+    if points:
+        with torch.no_grad():
+            embedded = model.embed(base_tokens)
+            _, _, contexts = base_run(model, embedded, query, {}, points, needed)
+    table = torch.tensor(points or [0], device=query.device)
+    starts = {
+        label: table[torch.searchsorted(table, at, right=True) - 1] for label, at in where.items()
+    }
+    for site in data.values():
+        site.starts, site.contexts = starts, contexts
+
+
+def _entering(ref: SiteRef, base: dict, needed: int) -> tuple:
+    """(residual, contexts, first_block, block_input, mixer_output) of a site's SiteData: a
+    site after its block's mixer restarts at the next block, on the base's block output with
+    the patched position's put in (`block_output_at`)."""
+
+    def read(short: str) -> torch.Tensor:
+        return base[f"layers.{ref.layer}.{short}"][:, :needed]
+
+    if ref.short not in AFTER_MIXER:
+        return read("block_input"), {}, ref.layer, None, None
+    mixer_output = read("mixer_output") if ref.short in AFTER_MLP_INPUT else None
+    return read("block_output"), {}, ref.layer + 1, read("block_input"), mixer_output
+
+
+@torch.no_grad()
+def unswapped(model, data: dict[str, SiteData], base_tokens, docs, query, target) -> pd.DataFrame:
+    """The k = 0 rows of every (site, position): the base documents run unpatched, whose IIA
+    (how often the base alone gives the source's answer) a swap's is measured from."""
+    tokens = torch.as_tensor(base_tokens, device=query.device)[docs]
+    hidden = hidden_at(model, 0, model.embed(tokens), query[docs])
+    logits = F.linear(hidden.float(), model.unembedding.float())
+    wanted = target[docs]
+    correct = (logits.argmax(-1) == wanted).cpu().numpy()
+    p_target = (logits.gather(1, wanted[:, None])[:, 0] - logits.logsumexp(-1)).exp()
+    frames = [
+        pd.DataFrame(
+            {
+                "example": docs.cpu().numpy(),
+                "layer": site.ref.layer,
+                "site": site.ref.short,
+                "position": label,
+                "position_index": site.positions[label][docs].cpu().numpy(),
+                "k": 0,
+                "width": site.width,
+                "correct": correct,
+                "p_target": p_target.cpu().numpy(),
+            }
+        )
+        for site in data.values()
+        for label in site.positions
+    ]
+    return pd.concat(frames, ignore_index=True)
