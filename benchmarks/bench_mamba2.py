@@ -19,7 +19,8 @@ import torch
 from benchmarks.common import DEVICE, DTYPE, installed, run_benchmark
 from kernels import mamba2_scan
 from kernels.ssd import mamba2_scan_ref
-from kernels.ssd.op import Inputs, on_selective_scan
+from kernels.ssd.chunked import Inputs
+from kernels.ssd.op import on_selective_scan
 
 # name -> (batch, length, heads, head dim, groups, state)
 SHAPES = {

@@ -239,16 +239,35 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if (done["results"]["status"] == "finished").all() else 1
 
 
+def _command(sub, name: str, help: str, func) -> argparse.ArgumentParser:
+    """The subcommand `name`'s parser, which runs `func(args)`."""
+    p = sub.add_parser(name, help=help)
+    p.set_defaults(func=func)
+    return p
+
+
+def _run_options(sub, name: str, help: str, func, options: type, flags: dict[str, dict]) -> None:
+    """A subcommand over run or sweep folders that takes one flag per field of the `options`
+    dataclass (its default the field's, the rest of its argparse keywords in `flags`)."""
+    p = _command(sub, name, help, func)
+    p.add_argument("path", help="a run folder or a sweep folder")
+    defaults = options()
+    for field in fields(options):
+        p.add_argument(
+            _flag(field.name), default=getattr(defaults, field.name), **flags[field.name]
+        )
+    p.add_argument("--force", action="store_true", help="redo runs already done")
+
+
 def _add_train(sub) -> None:
-    p = sub.add_parser("train", help="train one model")
+    p = _command(sub, "train", "train one model", _cmd_train)
     p.add_argument("--config", help="YAML training config")
     p.add_argument("--out", help="run folder (default: runs/<name from config>)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. arch=mamba lr=1e-3")
-    p.set_defaults(func=_cmd_train)
 
 
 def _add_sweep(sub) -> None:
-    p = sub.add_parser("sweep", help="train a grid of models")
+    p = _command(sub, "sweep", "train a grid of models", _cmd_sweep)
     p.add_argument("file", help="YAML sweep file (base + grid)")
     p.add_argument("--out", help="sweep folder (default: runs/<file stem>)")
     p.add_argument(
@@ -278,14 +297,13 @@ def _add_sweep(sub) -> None:
         help="run only the grid rows matching this (repeatable; VALUE may be a,b)",
     )
     p.add_argument("overrides", nargs="*", help="key=value overrides of the sweep's base config")
-    p.set_defaults(func=_cmd_sweep)
 
 
 def _add_data(sub) -> None:
     data = sub.add_parser("data", help="task data tools").add_subparsers(
         dest="data_command", required=True
     )
-    p = data.add_parser("stats", help="document length and distance statistics")
+    p = _command(data, "stats", "document length and distance statistics", _cmd_data_stats)
     p.add_argument("--task", nargs="+", default=["ar"], help="ar and/or atr")
     p.add_argument("--n", type=int, default=2000, help="documents sampled per task")
     p.add_argument("--seed", type=int, default=0)
@@ -297,7 +315,6 @@ def _add_data(sub) -> None:
         "seeds, from the task's seed on (0: off)",
     )
     p.add_argument("overrides", nargs="*", help="task options as key=value")
-    p.set_defaults(func=_cmd_data_stats)
 
 
 # How `mecheval evaluate` takes each EvaluateConfig field: its flag is `_flag(field)`, its
@@ -318,14 +335,8 @@ _EVALUATE_FLAGS: dict[str, dict] = {
 
 
 def _add_evaluate(sub) -> None:
-    p = sub.add_parser("evaluate", help="run the intervention grids of trained runs")
-    p.add_argument("path", help="a run folder or a sweep folder")
-    defaults = EvaluateConfig()
-    for field in fields(EvaluateConfig):
-        default = getattr(defaults, field.name)
-        p.add_argument(_flag(field.name), default=default, **_EVALUATE_FLAGS[field.name])
-    p.add_argument("--force", action="store_true", help="re-evaluate runs already evaluated")
-    p.set_defaults(func=_cmd_evaluate)
+    help = "run the intervention grids of trained runs"
+    _run_options(sub, "evaluate", help, _cmd_evaluate, EvaluateConfig, _EVALUATE_FLAGS)
 
 
 def _int_list(text: str) -> list[int]:
@@ -361,31 +372,21 @@ _DAS_FLAGS: dict[str, dict] = {
 
 
 def _add_das(sub) -> None:
-    p = sub.add_parser(
-        "das", help="distributed alignment search: in how many dimensions the answer lives"
-    )
-    p.add_argument("path", help="a run folder or a sweep folder")
-    defaults = DasOptions()
-    for field in fields(DasOptions):
-        default = getattr(defaults, field.name)
-        p.add_argument(_flag(field.name), default=default, **_DAS_FLAGS[field.name])
-    p.add_argument("--force", action="store_true", help="search runs already searched again")
-    p.set_defaults(func=_cmd_das)
+    help = "distributed alignment search: in how many dimensions the answer lives"
+    _run_options(sub, "das", help, _cmd_das, DasOptions, _DAS_FLAGS)
 
 
 def _add_report(sub) -> None:
-    p = sub.add_parser("report", help="write the Markdown/HTML report of evaluated runs")
+    p = _command(sub, "report", "write the Markdown/HTML report of evaluated runs", _cmd_report)
     p.add_argument("path", help="a run folder or a sweep folder")
     p.add_argument("--out", help="report folder (default: PATH/report)")
-    p.set_defaults(func=_cmd_report)
 
 
 def _add_run(sub) -> None:
-    p = sub.add_parser("run", help="the main job: train, evaluate, report")
+    p = _command(sub, "run", "the main job: train, evaluate, report", _cmd_run)
     p.add_argument("config", nargs="?", help="YAML run config (default: the CPU quickstart)")
     p.add_argument("--out", default="runs/main", help="output folder")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. workers=4")
-    p.set_defaults(func=_cmd_run)
 
 
 def build_parser() -> argparse.ArgumentParser:

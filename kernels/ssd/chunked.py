@@ -24,6 +24,8 @@ this. (A non-finite A, D, dt_bias or initial state reaches every position anyway
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -84,27 +86,29 @@ def _zeroed(t: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor |
     return t.masked_fill(bad, 0), bad
 
 
-def ssd_chunked(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor | None = None,
-    z: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
-    dt_softplus: bool = False,
-    initial_states: torch.Tensor | None = None,
-    chunk_size: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shapes as `kernels.mamba2_scan` (validated there). Returns (out (B, L, H, P) in x's dtype,
-    final state (B, H, P, N) in the compute dtype: float32, float64 for float64 x)."""
-    inputs = (x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states, chunk_size)
-    if _all_finite(x, dt, B, C, z):
-        return _ssd_finite(*inputs)
-    (x, bad_x), (dt, bad_dt), (z, bad_z) = _zeroed(x), _zeroed(dt), _zeroed(z)
-    (B, bad_B), (C, bad_C) = _zeroed(B), _zeroed(C)
-    out, state = _ssd_finite(x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states, chunk_size)
+class Inputs(NamedTuple):
+    """mamba2_scan's validated tensors (dt_limit folded into dt when it clamps)."""
+
+    x: torch.Tensor
+    dt: torch.Tensor
+    A: torch.Tensor
+    B: torch.Tensor
+    C: torch.Tensor
+    D: torch.Tensor | None
+    z: torch.Tensor | None
+    dt_bias: torch.Tensor | None
+    dt_softplus: bool
+    initial_states: torch.Tensor | None
+
+
+def ssd_chunked(a: Inputs, chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mamba-2's scan on inputs validated by `kernels.mamba2_scan`: (out (B, L, H, P) in x's
+    dtype, final state (B, H, P, N) in the compute dtype: float32, float64 for float64 x)."""
+    if _all_finite(a.x, a.dt, a.B, a.C, a.z):
+        return _ssd_finite(a, chunk_size)
+    (x, bad_x), (dt, bad_dt), (z, bad_z) = _zeroed(a.x), _zeroed(a.dt), _zeroed(a.z)
+    (B, bad_B), (C, bad_C) = _zeroed(a.B), _zeroed(a.C)
+    out, state = _ssd_finite(a._replace(x=x, dt=dt, B=B, C=C, z=z), chunk_size)
     # From t on: rows p of the state (B, L, H, P) for x and dt, its columns (B, L, H, N) for
     # B; an output reads every column.
     per_head = x.shape[2] // B.shape[2]
@@ -118,20 +122,9 @@ def ssd_chunked(
     return out, state.masked_fill(final, torch.nan)
 
 
-def _ssd_finite(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor | None,
-    z: torch.Tensor | None,
-    dt_bias: torch.Tensor | None,
-    dt_softplus: bool,
-    initial_states: torch.Tensor | None,
-    chunk_size: int | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _ssd_finite(inputs: Inputs, chunk_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """`ssd_chunked` on finite x, dt, B, C and z."""
+    x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states = inputs
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     batch, length, heads, P = x.shape
     groups, N = B.shape[2], B.shape[3]

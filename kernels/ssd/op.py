@@ -14,8 +14,6 @@ measurements behind the choice.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 
@@ -23,7 +21,7 @@ from kernels.backend import resolve_backend
 from kernels.scan_at import Asked, ScanAt
 from kernels.selective_scan.at import at_positions_of_selective_scan
 from kernels.selective_scan.op import MAX_STATE
-from kernels.ssd.chunked import ssd_chunked
+from kernels.ssd.chunked import Inputs, ssd_chunked
 from kernels.validation import (
     allowed_dtypes,
     check_choice,
@@ -67,21 +65,6 @@ def _validate(dtypes, x, dt, A, B, C, D, z, dt_bias, initial_states, softplus, c
         isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
     ):
         raise ValueError(f"{OP}: chunk_size must be None or an int >= 1, got {chunk_size!r}")
-
-
-class Inputs(NamedTuple):
-    """mamba2_scan's validated tensors (dt_limit folded into dt when it clamps)."""
-
-    x: torch.Tensor
-    dt: torch.Tensor
-    A: torch.Tensor
-    B: torch.Tensor
-    C: torch.Tensor
-    D: torch.Tensor | None
-    z: torch.Tensor | None
-    dt_bias: torch.Tensor | None
-    dt_softplus: bool
-    initial_states: torch.Tensor | None
 
 
 NO_LIMIT = (0.0, float("inf"))
@@ -190,7 +173,7 @@ def mamba2_scan(
     if chosen == "triton":
         out, last, _ = on_selective_scan(a, chosen, Asked(return_final_state=True))
     else:
-        out, last = ssd_chunked(*a, chunk_size=chunk_size)
+        out, last = ssd_chunked(a, chunk_size)
         last = last.float() if last.dtype != torch.float64 else last
     return (out, last) if return_final_states else out
 

@@ -1,12 +1,13 @@
 """Mamba-2 (Dao & Gu 2024): the SSD mixer, with mamba-ssm's `Mamba2` parameter names and shapes.
 
-Same parameter names, shapes and initialisation as `mamba_ssm.modules.mamba2.Mamba2` (without
-its tensor-parallel and `d_ssm` options), so its state dict loads with `strict=True`:
+Same constructor, parameter names, shapes and initialisation as `mamba_ssm.modules.mamba2.Mamba2`
+(its tensor-parallel `process_group` and a `d_ssm` narrower than d_inner are refused by name), so
+its state dict loads with `strict=True`:
 
     z, xBC, dt = split(u W_in)                 d_inner, d_inner + 2 G N, H   ([z, x, B, C, dt])
     xBC = silu(conv1d(xBC))                    short causal depthwise conv, width d_conv
     x, B, C = split(xBC)                       x (B, L, H, P); B, C (B, L, G, N)
-    dt = softplus(dt + dt_bias)                (B, L, H), one step size per head
+    dt = clamp(softplus(dt + dt_bias), *dt_limit)   (B, L, H), one step size per head
     h_t = exp(dt_t A_h) h_{t-1} + dt_t x_t B_t^T       A_h = -exp(A_log_h), h_t (P, N) per head
     y_t = h_t C_t + D_h x_t
     y = RMSNorm_groups(y * silu(z)) * norm.weight        (gated RMSNorm, per group of channels)
@@ -101,8 +102,12 @@ class Mamba2(MambaBase):
         dt_init_floor: lower clamp of the initial step sizes.
         bias: whether in_proj and out_proj have biases.
         conv_bias: whether the conv has a bias.
-        chunk_size, use_mem_eff_path: accepted for compatibility with mamba-ssm; the scan picks
-            its own chunks and kernels are picked by the `kernels` backend, so no effect.
+        d_ssm: None (the SSM over all of d_inner), or d_inner itself.
+        dt_limit: (low, high) clamp of the step sizes after the softplus.
+        chunk_size, use_mem_eff_path, sequence_parallel: accepted for compatibility with
+            mamba-ssm; the scan picks its own chunks and kernels are picked by the `kernels`
+            backend, so no effect.
+        process_group: None only (no tensor parallelism).
         layer_idx, use_conv, device, dtype: as `Mamba` takes them (use_conv False: no conv,
             only its SiLU, as mecheval's mamba_noconv does for Mamba).
     """
@@ -115,6 +120,7 @@ class Mamba2(MambaBase):
         conv_init: float | None = None,
         expand: int = 2,
         headdim: int = 16,
+        d_ssm: int | None = None,
         ngroups: int = 1,
         A_init_range: tuple[float, float] = (1, 16),
         D_has_hdim: bool = False,
@@ -123,16 +129,26 @@ class Mamba2(MambaBase):
         dt_min: float = 0.001,
         dt_max: float = 0.1,
         dt_init_floor: float = 1e-4,
+        dt_limit: tuple[float, float] = (0.0, float("inf")),
         bias: bool = False,
         conv_bias: bool = True,
         chunk_size: int = 256,
         use_mem_eff_path: bool = True,
         layer_idx: int | None = None,
+        process_group: object | None = None,
+        sequence_parallel: bool = True,
         use_conv: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(d_model, d_state, d_conv, expand, layer_idx, use_conv)
+        if process_group is not None:
+            raise ValueError("Mamba2: process_group (tensor parallelism) is not supported")
+        if d_ssm is not None and d_ssm != self.d_inner:
+            raise ValueError(
+                f"Mamba2: d_ssm = {d_ssm} below d_inner = {self.d_inner} (a gated MLP beside the "
+                "SSM) is not supported; leave it None"
+            )
         factory = {"device": device, "dtype": dtype}
         if self.d_inner % headdim:
             raise ValueError(f"d_inner = {self.d_inner} must be divisible by headdim {headdim}")
@@ -141,6 +157,7 @@ class Mamba2(MambaBase):
             raise ValueError(f"nheads = {self.nheads} must be divisible by ngroups {ngroups}")
         self.D_has_hdim, self.rmsnorm, self.norm_before_gate = D_has_hdim, rmsnorm, norm_before_gate
         self.chunk_size, self.use_mem_eff_path = chunk_size, use_mem_eff_path
+        self.dt_limit, self.sequence_parallel = tuple(dt_limit), sequence_parallel
 
         # in_proj's order: [z, x, B, C, dt]; the conv reads xBC.
         conv_dim = self.d_inner + 2 * ngroups * d_state
@@ -199,6 +216,7 @@ class Mamba2(MambaBase):
             z=None if self.rmsnorm else z.unflatten(-1, (H, P)),
             dt_bias=self.dt_bias.float(),
             dt_softplus=True,
+            dt_limit=self.dt_limit,
             initial_states=state,
         )
         return scan_at, windows, z

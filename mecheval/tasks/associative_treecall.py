@@ -59,7 +59,7 @@ import torch
 
 from mecheval.tasks.base import SPLITS, Task, check_fraction, check_int, check_split
 from mecheval.tasks.batch import Batch
-from mecheval.tasks.grammar import Grammar, sample_grammar
+from mecheval.tasks.grammar import Grammar, GrammarOptions, sample_grammar
 from mecheval.tasks.holdout import PairHoldout
 from mecheval.tasks.study_draw import (
     STUDY_EVAL_SIZE,
@@ -89,16 +89,6 @@ DRAWS = ("mecheval", "study", "study_after_easy")
 STUDY_DEV_SIZE = 320
 """With a study draw, dev holds the study's evaluation documents 1..320 (those it evaluated on)
 and test the rest of them (321..1,024)."""
-
-# The options a grammar is drawn with.
-GRAMMAR_OPTIONS = (
-    "num_nonterminals",
-    "num_terminals",
-    "max_rhs_len",
-    "terminal_factor",
-    "max_depth",
-    "max_rules",
-)
 
 
 @dataclass(frozen=True)
@@ -240,12 +230,11 @@ class AssociativeTreecall(Task):
         rng = np.random.Generator(
             np.random.PCG64(np.random.SeedSequence([self.seed, _GRAMMAR_STREAM]))
         )
-        return sample_grammar(rng, **self._grammar_options)
+        return sample_grammar(rng, self._grammar_options)
 
     @property
-    def _grammar_options(self) -> dict:
-        """The options a grammar is drawn with (mecheval's draw and the study's)."""
-        return {name: getattr(self, name) for name in GRAMMAR_OPTIONS}
+    def _grammar_options(self) -> GrammarOptions:
+        return GrammarOptions(*(getattr(self, name) for name in GrammarOptions._fields))
 
     @cached_property
     def _study_language(self) -> StudyLanguage:
@@ -254,7 +243,7 @@ class AssociativeTreecall(Task):
             self.seed,
             after_easy=self.draw == "study_after_easy",
             max_length=self.max_length,
-            **self._grammar_options,
+            options=self._grammar_options,
         )
 
     @cached_property

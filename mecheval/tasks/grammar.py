@@ -23,6 +23,7 @@ vectorised sampler can index it; `rules_of` gives the readable view.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -77,20 +78,10 @@ class Grammar:
         return rules
 
 
-def sample_grammar(
-    rng: np.random.Generator,
-    *,
-    num_nonterminals: int,
-    num_terminals: int,
-    max_rhs_len: int,
-    terminal_factor: float | None,
-    max_depth: int,
-    max_rules: int,
-) -> Grammar:
-    """Draw a grammar as described in the module docstring.
+class GrammarOptions(NamedTuple):
+    """The options a grammar is drawn with (mecheval's draw and the study's).
 
-    Args:
-        rng: the grammar's generator (seeded from the task's grammar seed).
+    Attributes:
         num_nonterminals: N >= 1.
         num_terminals: T >= 1.
         max_rhs_len: bodies have length `1..max_rhs_len - 1`; >= 2.
@@ -98,6 +89,19 @@ def sample_grammar(
         max_depth: depth scores are uniform in `1..max_depth`.
         max_rules: rules per nonterminal are uniform in `1..max_rules`.
     """
+
+    num_nonterminals: int
+    num_terminals: int
+    max_rhs_len: int
+    terminal_factor: float | None
+    max_depth: int
+    max_rules: int
+
+
+def sample_grammar(rng: np.random.Generator, options: GrammarOptions) -> Grammar:
+    """Draw a grammar as described in the module docstring, from `rng` (seeded from the task's
+    grammar seed)."""
+    num_nonterminals, num_terminals, max_rhs_len, terminal_factor, max_depth, max_rules = options
     depth_scores = rng.integers(1, max_depth + 1, size=num_nonterminals)
     rule_owner, rule_probs, body_first = [], [], [0]
     body_is_nonterminal: list[bool] = []

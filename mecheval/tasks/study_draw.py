@@ -41,7 +41,7 @@ from bisect import bisect_right
 
 import numpy as np
 
-from mecheval.tasks.grammar import Grammar
+from mecheval.tasks.grammar import Grammar, GrammarOptions
 
 STUDY_TRAIN_SIZE = 100_032
 """Training documents of a study language (drawn first)."""
@@ -68,17 +68,9 @@ def _symbol_code(pick: int, allowed: list[int], terminal_factor: float | None) -
     return TERMINAL_SLOT if terminal_factor is not None else -2 - (pick - len(allowed))
 
 
-def draw_study_grammar(
-    rs: np.random.RandomState,
-    *,
-    num_nonterminals: int,
-    num_terminals: int,
-    max_rhs_len: int,
-    terminal_factor: float | None,
-    max_depth: int,
-    max_rules: int,
-) -> Grammar:
+def draw_study_grammar(rs: np.random.RandomState, options: GrammarOptions) -> Grammar:
     """Draw a grammar from `rs` in the study's order (module docstring, steps 1-5)."""
+    num_nonterminals, num_terminals, max_rhs_len, terminal_factor, max_depth, max_rules = options
     depth_scores = np.array([rs.randint(1, max_depth + 1) for _ in range(num_nonterminals)])
     bodies: list[list[list[int]]] = []  # per nonterminal, per rule: symbol codes
     for owner in range(num_nonterminals):
@@ -152,11 +144,11 @@ class StudyLanguage:
     Args:
         rs: the generator, positioned where the study's script drew this language's grammar.
         max_length: longest sentence kept, in terminals (the study's 1024).
-        **grammar_options: as `draw_study_grammar`.
+        options: the grammar's.
     """
 
-    def __init__(self, rs: np.random.RandomState, max_length: int, **grammar_options) -> None:
-        self.grammar = draw_study_grammar(rs, **grammar_options)
+    def __init__(self, rs: np.random.RandomState, max_length: int, options: GrammarOptions) -> None:
+        self.grammar = draw_study_grammar(rs, options)
         self.max_length = max_length
         self._rs = rs
         # The documents drawn so far, flat (int32): token columns over all sentences, the
@@ -266,7 +258,7 @@ class StudyLanguage:
 
 
 def study_language(
-    seed: int, *, after_easy: bool, max_length: int, **grammar_options
+    seed: int, *, after_easy: bool, max_length: int, options: GrammarOptions
 ) -> StudyLanguage:
     """The study's language of these settings: `RandomState(seed)`, and with `after_easy` the
     stream continued after a whole language of the same settings with `max_rhs_len=5` (its
@@ -274,6 +266,6 @@ def study_language(
     (10, 20) language after its (5, 20) one."""
     rs = np.random.RandomState(seed)
     if after_easy:
-        easy = StudyLanguage(rs, max_length, **{**grammar_options, "max_rhs_len": 5})
+        easy = StudyLanguage(rs, max_length, options._replace(max_rhs_len=5))
         easy.documents(0, STUDY_TRAIN_SIZE + STUDY_EVAL_SIZE)
-    return StudyLanguage(rs, max_length, **grammar_options)
+    return StudyLanguage(rs, max_length, options)

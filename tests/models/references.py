@@ -91,6 +91,7 @@ def mamba2_reference(
     patch=None,
     use_conv: bool = True,
     rmsnorm: bool = True,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
 ):
     """Mamba-2 (Dao & Gu 2024) as mamba-ssm's `Mamba2` computes it (gated RMSNorm after the scan,
     norm_before_gate False), one position at a time; rmsnorm False: y * silu(z), no norm.
@@ -113,7 +114,7 @@ def mamba2_reference(
     x, Bm, Cm = F.silu(xBC).split([Di, G * N, G * N], dim=-1)
     x = x.view(Bsz, L, H, P)
     Bm, Cm = (t.view(Bsz, L, G, N).repeat_interleave(H // G, dim=2) for t in (Bm, Cm))
-    dt = F.softplus(dt + p["dt_bias"])  # (B, L, H)
+    dt = F.softplus(dt + p["dt_bias"]).clamp(*dt_limit)  # (B, L, H)
     A = -torch.exp(p["A_log"])
     D = p["D"].view(H, -1)  # (H, 1) or (H, P)
     h = u.new_zeros(Bsz, H, P, N)

@@ -71,6 +71,26 @@ def test_mamba2_loads_mamba_ssm_state_dict_and_matches_equations(options):
     torch.testing.assert_close(layer(u).double(), expected, atol=ATOL, rtol=RTOL)
 
 
+def test_mamba2_clamps_step_sizes_to_dt_limit():
+    sd = mamba_ssm_mamba2_state_dict(16)
+    layer = Mamba2(16, d_state=8, headdim=8, dt_limit=(0.02, 0.05))
+    layer.load_state_dict(sd, strict=True)
+    u = torch.randn(2, 9, 16)
+    expected, _ = mamba2_reference(sd, u, headdim=8, dt_limit=(0.02, 0.05))
+    unclamped, _ = mamba2_reference(sd, u, headdim=8)
+    torch.testing.assert_close(layer(u).double(), expected, atol=ATOL, rtol=RTOL)
+    assert not torch.allclose(expected, unclamped, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [(dict(process_group=object()), "process_group"), (dict(d_ssm=16), "d_ssm = 16")],
+)
+def test_mamba2_refuses_tensor_parallel_and_narrow_ssm_by_name(option, message):
+    with pytest.raises(ValueError, match=message):
+        Mamba2(16, d_state=8, headdim=8, **option)
+
+
 def test_mamba2_initialisation_is_mamba_ssms():
     torch.manual_seed(0)
     layer = Mamba2(64)
