@@ -1,7 +1,7 @@
 """What the scans at positions share (kernels.positions.at_positions says what they do):
 `Asked`, what a call asks of one, `ScanAt`, the one named tuple each returns whatever is asked,
-and `patch_by_jump`, a state patched inside a scan as the unpatched scan plus the scan of the
-jump.
+`reference_result`, what the mamba-ssm-style references return, and `patch_by_jump`, a state
+patched inside a scan as the unpatched scan plus the scan of the jump.
 
 A patch is exact for every scan because each is affine in its state: the patched scan is the
 unpatched one plus the scan, with no inputs, of the jump (values - the state there) from the
@@ -94,3 +94,22 @@ def patch_by_jump(
         reached = (states_at >= first).view(*states_at.shape, *(1,) * (here.dim() - 1))
         states = base.states[:, 1:] + reached.to(here.dtype) * delta.states
     return ScanAt(out, final, states)
+
+
+def reference_result(
+    out: torch.Tensor,
+    last: torch.Tensor,
+    states: list[torch.Tensor],
+    return_last: bool,
+    states_at: torch.Tensor | None,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """A per-position reference scan's return, as mamba-ssm's references give it: out, then the
+    last state when `return_last`, then with `states_at` (B, P) the states (one per position in
+    `states`, batch first) after those positions; out alone when nothing else is asked."""
+    result = (out,)
+    if return_last:
+        result += (last,)
+    if states_at is not None:
+        rows = torch.arange(out.shape[0], device=out.device)[:, None]
+        result += (torch.stack(states, dim=1)[rows, states_at.to(out.device)],)
+    return result[0] if len(result) == 1 else result

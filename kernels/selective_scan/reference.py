@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.scan_at import reference_result
+
 
 def _at(X: torch.Tensor, t: int, channels: int) -> torch.Tensor:
     """B or C at position t, broadcastable to the state's shape (B, D, N)."""
@@ -74,10 +76,4 @@ def selective_scan_ref(
         out = out + D.to(compute)[:, None] * u_c
     if z is not None:
         out = out * F.silu(z.to(compute))
-    result = (out.to(u.dtype),)
-    if return_last_state:
-        result += (h,)
-    if states_at is not None:
-        rows = torch.arange(batch, device=u.device)[:, None]
-        result += (torch.stack(states, dim=1)[rows, states_at.to(u.device)],)
-    return result[0] if len(result) == 1 else result
+    return reference_result(out.to(u.dtype), h, states, return_last_state, states_at)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.scan_at import reference_result
+
 
 def mamba2_scan_ref(
     x: torch.Tensor,
@@ -73,10 +75,4 @@ def mamba2_scan_ref(
         out = out + (skip[:, None] if skip.dim() == 1 else skip) * x_c
     if z is not None:
         out = out * F.silu(z.to(compute))
-    result = (out.to(x.dtype),)
-    if return_final_states:
-        result += (h,)
-    if states_at is not None:
-        rows = torch.arange(batch, device=x.device)[:, None]
-        result += (torch.stack(states, dim=1)[rows, states_at.to(x.device)],)
-    return result[0] if len(result) == 1 else result
+    return reference_result(out.to(x.dtype), h, states, return_final_states, states_at)
