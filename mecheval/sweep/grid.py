@@ -10,6 +10,9 @@
       - {model: {arch: h3}, seed: 0}
       - {task: {name: atr, options: {max_rhs_len: 5}}, model: {arch: mamba_noconv}}
 
+A file with `include` and no `grid` is its include runs alone (the base is not a run of it);
+with neither, the base is its one run.
+
 An include entry that names another task than the base's replaces the base's task section
 (the base's task options belong to its task); otherwise it merges into the base.
 
@@ -74,7 +77,8 @@ def expand_sweep(spec: dict, overrides: list[str] | tuple[str, ...] = ()) -> lis
             raise ConfigError(f"grid.{key} must be a non-empty list, got {values!r}")
     partials = []
     keys = list(grid)
-    for combination in itertools.product(*(grid[k] for k in keys)):
+    crossed = itertools.product(*(grid[k] for k in keys)) if grid or not spec.get("include") else ()
+    for combination in crossed:
         run = dict(base)
         for key, value in zip(keys, combination, strict=True):
             run = merge(run, set_dotted({}, ALIASES.get(key, key), value))

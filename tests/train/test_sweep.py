@@ -100,6 +100,13 @@ def test_include_entries_add_runs_and_another_task_brings_its_own_options():
         expand_sweep(_spec({"arch": ["attention"]}, include=["h3"]))
 
 
+def test_a_file_of_include_runs_alone_does_not_run_its_base():
+    include = [{"model": {"arch": "h3"}, "seed": 3}, {"model": {"arch": "mamba"}}]
+    runs = expand_sweep({"base": BASE, "include": include})
+    assert [(r.config.model.arch, r.config.seed) for r in runs] == [("h3", 3), ("mamba", 42)]
+    assert [r.config.model.arch for r in expand_sweep({"base": BASE})] == ["attention"]
+
+
 def test_bad_sweep_files_are_refused():
     with pytest.raises(ConfigError, match="grid.arch"):
         expand_sweep(_spec({"arch": "attention"}))
