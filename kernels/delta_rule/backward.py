@@ -26,15 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.delta_rule.common import (
-    chunk_decays,
-    chunk_rows,
-    dot,
-    dot_t,
-    load_rows,
-    load_state,
-    state_tile,
-)
+from kernels.delta_rule.common import chunk_decays, chunk_rows, dot, dot_t, load_rows, state_program
 
 
 @triton.jit
@@ -44,13 +36,11 @@ def chunk_state_bwd_kernel(
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DFINAL: tl.constexpr, STORE_DINIT: tl.constexpr, USE_G: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
-    bh = tl.program_id(1)
-    b, h = bh // H, bh % H
+    b, h, bh64, offs_k, offs_v, mask_k, mask_v, state_offs, mask_kv, dstate = state_program(
+        dfinal_ptr, H, K, V, HAS_DFINAL, BK, BV
+    )
     DT = k_ptr.dtype.element_ty
     offs_c = tl.arange(0, C)
-    offs_k, offs_v, mask_k, mask_v, state_offs, mask_kv = state_tile(tl.program_id(0), K, V, BK, BV)
-    bh64 = bh.to(tl.int64)
-    dstate = load_state(dfinal_ptr, bh64, K, V, state_offs, mask_kv, HAS_DFINAL, BK, BV)
     for i in range(NT):
         c = NT - 1 - i
         t, mask_t, row_base = chunk_rows(b, h, c, T, H, C)

@@ -124,6 +124,18 @@ def load_state(
 
 
 @triton.jit
+def state_program(ptr, H, K, V, PRESENT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """A state pass's program (V block, batch row x head): (b, h, bh64, offs_k, offs_v, mask_k,
+    mask_v, state_offs, mask_kv) of `state_tile`, and the float32 tile of the (B * H, K, V)
+    state at `ptr` it starts from (`load_state`: zeros when not PRESENT)."""
+    bh = tl.program_id(1)
+    offs_k, offs_v, mask_k, mask_v, state_offs, mask_kv = state_tile(tl.program_id(0), K, V, BK, BV)
+    bh64 = bh.to(tl.int64)
+    state = load_state(ptr, bh64, K, V, state_offs, mask_kv, PRESENT, BK, BV)
+    return bh // H, bh % H, bh64, offs_k, offs_v, mask_k, mask_v, state_offs, mask_kv, state
+
+
+@triton.jit
 def chunk_decays(g_ptr, row_base, mask_t, C: tl.constexpr):
     """The decays of the chunk whose (B, T, H) rows are row_base: (e (C,), e_C (scalar), w (C,),
     Gamma (C, C), zero above the diagonal), float32. The kernels form them before they load the

@@ -30,7 +30,7 @@ from kernels.delta_rule.common import (
     dot_f32,
     dot_t,
     load_rows,
-    load_state,
+    state_program,
     state_tile,
 )
 
@@ -90,13 +90,11 @@ def chunk_state_fwd_kernel(
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_INIT: tl.constexpr, STORE_FINAL: tl.constexpr, USE_G: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
-    bh = tl.program_id(1)
-    b, h = bh // H, bh % H
+    b, h, bh64, offs_k, offs_v, mask_k, mask_v, state_offs, mask_kv, state = state_program(
+        init_ptr, H, K, V, HAS_INIT, BK, BV
+    )
     DT = k_ptr.dtype.element_ty
     offs_c = tl.arange(0, C)
-    offs_k, offs_v, mask_k, mask_v, state_offs, mask_kv = state_tile(tl.program_id(0), K, V, BK, BV)
-    bh64 = bh.to(tl.int64)
-    state = load_state(init_ptr, bh64, K, V, state_offs, mask_kv, HAS_INIT, BK, BV)
     for c in range(NT):
         t, mask_t, row_base = chunk_rows(b, h, c, T, H, C)
         tl.store(h_ptr + (bh64 * NT + c) * K * V + state_offs, state, mask=mask_kv)

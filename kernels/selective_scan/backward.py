@@ -22,14 +22,12 @@ import triton
 import triton.language as tl
 
 from kernels.selective_scan.forward import (
-    LOG2E,
-    group_row,
     linear_combine,
     load_bc,
-    load_channel_params,
     load_dt,
+    load_state,
     load_tile,
-    program_channels,
+    program_setup,
 )
 
 
@@ -49,42 +47,26 @@ def scan_bwd_kernel(
     HAS_BIAS: tl.constexpr, HAS_INIT: tl.constexpr, HAS_DLAST: tl.constexpr, SOFTPLUS: tl.constexpr,
     BLOCK_D: tl.constexpr, N_PAD: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
-    pid_b, seg, offs_d, mask_d, offs_n, mask_n = program_channels(
-        N, SEG, BLOCKS_PER_SEG, BLOCK_D, N_PAD
-    )
-    offs_k = tl.arange(0, CHUNK)
-    mask_dn = mask_d[:, None] & mask_n[None, :]
-    A, Dv, bias = load_channel_params(
-        A_ptr, Dv_ptr, bias_ptr, offs_d, mask_d, offs_n, mask_dn, stride_Ad, stride_An,
-        stride_Dv, stride_bias, HAS_D, HAS_BIAS, BLOCK_D,
+    (pid_b, offs_d, mask_d, offs_n, mask_n, mask_dn, A, A2, Dv, bias, B_ptr, C_ptr, u_ptr,
+     delta_ptr, z_ptr, ckpt_rows, ckpt_step) = program_setup(
+        A_ptr, Dv_ptr, bias_ptr, B_ptr, C_ptr, u_ptr, delta_ptr, z_ptr, ckpt_ptr, D, N, SEG,
+        BLOCKS_PER_SEG, D_PER_GB, D_PER_GC, stride_Ad, stride_An, stride_Dv, stride_bias,
+        stride_Bb, stride_Bg, stride_Cb, stride_Cg, stride_ub, stride_db, stride_zb, B_VAR, C_VAR,
+        HAS_D, HAS_BIAS, BLOCK_D, N_PAD,
     )  # fmt: skip
-    A2 = A * LOG2E
-    B_ptr = group_row(B_ptr, pid_b, seg, SEG, D_PER_GB, stride_Bb, stride_Bg, B_VAR)
-    C_ptr = group_row(C_ptr, pid_b, seg, SEG, D_PER_GC, stride_Cb, stride_Cg, C_VAR)
-    u_ptr += pid_b * stride_ub
-    delta_ptr += pid_b * stride_db
-    z_ptr += pid_b * stride_zb
+    offs_k = tl.arange(0, CHUNK)
     dout_ptr += pid_b * stride_gb
     du_ptr += pid_b * stride_dub
     ddelta_ptr += pid_b * stride_ddb
     dz_ptr += pid_b * stride_dzb
-    # Checkpoints (K, B, D, N): chunk c of this program's rows at ckpt_rows + c * B * D * N.
-    ckpt_rows = ckpt_ptr + (pid_b * D + offs_d[:, None]) * N + offs_n[None, :]
-    ckpt_step = tl.num_programs(1).to(tl.int64) * D * N
     # This program's (N, L) partials of a time-dependent B's and C's gradient.
     part_rows = (pid_b * tl.num_programs(0) + tl.program_id(0)) * N * L + offs_n[:, None] * L
 
     # The adjoint of the state after the chunk being processed; the last state's gradient first.
-    carry = tl.zeros((BLOCK_D, N_PAD), dtype=tl.float32)
-    if HAS_DLAST:
-        carry = tl.load(
-            dlast_ptr
-            + pid_b * stride_lb
-            + offs_d[:, None] * stride_ld
-            + offs_n[None, :] * stride_ln,
-            mask=mask_dn,
-            other=0.0,
-        ).to(tl.float32)
+    carry = load_state(
+        dlast_ptr, pid_b, offs_d, offs_n, mask_dn, stride_lb, stride_ld, stride_ln, HAS_DLAST,
+        BLOCK_D, N_PAD,
+    )  # fmt: skip
     dA_acc = tl.zeros((BLOCK_D, N_PAD), dtype=tl.float32)
     dB_acc = tl.zeros((BLOCK_D, N_PAD), dtype=tl.float32)
     dC_acc = tl.zeros((BLOCK_D, N_PAD), dtype=tl.float32)

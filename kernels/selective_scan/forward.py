@@ -84,34 +84,26 @@ def load_dt(delta_ptr, bias, offs_d, mask_d, t, mask_t, stride_d, stride_l, SOFT
 
 
 @triton.jit
-def program_channels(N, SEG, BLOCKS_PER_SEG, BLOCK_D: tl.constexpr, N_PAD: tl.constexpr):
-    """This program's batch row, segment, channels and states: (pid_b, seg, offs_d, mask_d,
-    offs_n, mask_n)."""
+def program_setup(
+    A_ptr, Dv_ptr, bias_ptr, B_ptr, C_ptr, u_ptr, delta_ptr, z_ptr, ckpt_ptr,
+    D, N, SEG, BLOCKS_PER_SEG, D_PER_GB, D_PER_GC, stride_Ad, stride_An, stride_Dv, stride_bias,
+    stride_Bb, stride_Bg, stride_Cb, stride_Cg, stride_ub, stride_db, stride_zb,
+    B_VAR: tl.constexpr, C_VAR: tl.constexpr, HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_D: tl.constexpr, N_PAD: tl.constexpr,
+):  # fmt: skip
+    """What both passes set up per program: its batch row, channels (offs_d, mask_d) and states
+    (offs_n, mask_n, mask_dn), A and A * log2(e), D and delta_bias of its channels as float32 (zeros
+    where absent), the B, C, u, delta and z pointers moved to its batch row (and B's and C's
+    group, when time-dependent), and where its chunk checkpoints (K, B, D, N) lie: chunk c at
+    ckpt_rows + c * ckpt_step."""
     pid = tl.program_id(0)
     seg = pid // BLOCKS_PER_SEG
     in_seg = (pid % BLOCKS_PER_SEG) * BLOCK_D + tl.arange(0, BLOCK_D)
+    pid_b = tl.program_id(1).to(tl.int64)
+    offs_d, mask_d = seg * SEG + in_seg, in_seg < SEG
     offs_n = tl.arange(0, N_PAD)
-    return tl.program_id(1).to(tl.int64), seg, seg * SEG + in_seg, in_seg < SEG, offs_n, offs_n < N
-
-
-@triton.jit
-def load_channel_params(
-    A_ptr,
-    Dv_ptr,
-    bias_ptr,
-    offs_d,
-    mask_d,
-    offs_n,
-    mask_dn,
-    stride_Ad,
-    stride_An,
-    stride_Dv,
-    stride_bias,
-    HAS_D: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    """(A, D, delta_bias) of this program's channels as float32 (zeros where absent)."""
+    mask_n = offs_n < N
+    mask_dn = mask_d[:, None] & mask_n[None, :]
     A = tl.load(
         A_ptr + offs_d[:, None] * stride_Ad + offs_n[None, :] * stride_An, mask=mask_dn, other=0.0
     ).to(tl.float32)
@@ -121,15 +113,31 @@ def load_channel_params(
     Dv = tl.zeros((BLOCK_D,), dtype=tl.float32)
     if HAS_D:
         Dv = tl.load(Dv_ptr + offs_d * stride_Dv, mask=mask_d, other=0.0).to(tl.float32)
-    return A, Dv, bias
+    if B_VAR:
+        B_ptr += pid_b * stride_Bb + ((seg * SEG) // D_PER_GB) * stride_Bg
+    if C_VAR:
+        C_ptr += pid_b * stride_Cb + ((seg * SEG) // D_PER_GC) * stride_Cg
+    ckpt_rows = ckpt_ptr + (pid_b * D + offs_d[:, None]) * N + offs_n[None, :]
+    ckpt_step = tl.num_programs(1).to(tl.int64) * D * N
+    return (
+        pid_b, offs_d, mask_d, offs_n, mask_n, mask_dn, A, A * LOG2E, Dv, bias, B_ptr, C_ptr,
+        u_ptr + pid_b * stride_ub, delta_ptr + pid_b * stride_db, z_ptr + pid_b * stride_zb,
+        ckpt_rows, ckpt_step,
+    )  # fmt: skip
 
 
 @triton.jit
-def group_row(ptr, pid_b, seg, SEG, D_PER_G, stride_b, stride_g, VAR: tl.constexpr):
-    """A time-dependent B or C at this program's batch row and group; a fixed one as it is."""
-    if VAR:
-        ptr += pid_b * stride_b + ((seg * SEG) // D_PER_G) * stride_g
-    return ptr
+def load_state(
+    ptr, pid_b, offs_d, offs_n, mask_dn, stride_b, stride_d, stride_n,
+    PRESENT: tl.constexpr, BLOCK_D: tl.constexpr, N_PAD: tl.constexpr,
+):  # fmt: skip
+    """This program's (BLOCK_D, N_PAD) float32 tile of a (B, D, N) state (an initial state or a
+    gradient), or zeros when it is absent."""
+    state = tl.zeros((BLOCK_D, N_PAD), dtype=tl.float32)
+    if PRESENT:
+        rows = ptr + pid_b * stride_b + offs_d[:, None] * stride_d + offs_n[None, :] * stride_n
+        state = tl.load(rows, mask=mask_dn, other=0.0).to(tl.float32)
+    return state
 
 
 @triton.jit
@@ -145,36 +153,20 @@ def scan_fwd_kernel(
     HAS_BIAS: tl.constexpr, HAS_INIT: tl.constexpr, SOFTPLUS: tl.constexpr,
     BLOCK_D: tl.constexpr, N_PAD: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
-    pid_b, seg, offs_d, mask_d, offs_n, mask_n = program_channels(
-        N, SEG, BLOCKS_PER_SEG, BLOCK_D, N_PAD
-    )
-    offs_k = tl.arange(0, CHUNK)
-    mask_dn = mask_d[:, None] & mask_n[None, :]
-    A, Dv, bias = load_channel_params(
-        A_ptr, Dv_ptr, bias_ptr, offs_d, mask_d, offs_n, mask_dn, stride_Ad, stride_An,
-        stride_Dv, stride_bias, HAS_D, HAS_BIAS, BLOCK_D,
+    (pid_b, offs_d, mask_d, offs_n, mask_n, mask_dn, A, A2, Dv, bias, B_ptr, C_ptr, u_ptr,
+     delta_ptr, z_ptr, ckpt_rows, ckpt_step) = program_setup(
+        A_ptr, Dv_ptr, bias_ptr, B_ptr, C_ptr, u_ptr, delta_ptr, z_ptr, ckpt_ptr, D, N, SEG,
+        BLOCKS_PER_SEG, D_PER_GB, D_PER_GC, stride_Ad, stride_An, stride_Dv, stride_bias,
+        stride_Bb, stride_Bg, stride_Cb, stride_Cg, stride_ub, stride_db, stride_zb, B_VAR, C_VAR,
+        HAS_D, HAS_BIAS, BLOCK_D, N_PAD,
     )  # fmt: skip
-    A2 = A * LOG2E
-    B_ptr = group_row(B_ptr, pid_b, seg, SEG, D_PER_GB, stride_Bb, stride_Bg, B_VAR)
-    C_ptr = group_row(C_ptr, pid_b, seg, SEG, D_PER_GC, stride_Cb, stride_Cg, C_VAR)
-    u_ptr += pid_b * stride_ub
-    delta_ptr += pid_b * stride_db
-    z_ptr += pid_b * stride_zb
     out_ptr += pid_b * stride_ob
-    # Checkpoints (K, B, D, N): chunk c of this program's rows at ckpt_rows + c * B * D * N.
-    ckpt_rows = ckpt_ptr + (pid_b * D + offs_d[:, None]) * N + offs_n[None, :]
-    ckpt_step = tl.num_programs(1).to(tl.int64) * D * N
+    offs_k = tl.arange(0, CHUNK)
 
-    h = tl.zeros((BLOCK_D, N_PAD), dtype=tl.float32)
-    if HAS_INIT:
-        h = tl.load(
-            init_ptr
-            + pid_b * stride_ib
-            + offs_d[:, None] * stride_id
-            + offs_n[None, :] * stride_in,
-            mask=mask_dn,
-            other=0.0,
-        ).to(tl.float32)
+    h = load_state(
+        init_ptr, pid_b, offs_d, offs_n, mask_dn, stride_ib, stride_id, stride_in, HAS_INIT,
+        BLOCK_D, N_PAD,
+    )  # fmt: skip
 
     for c in range(0, NUM_CHUNKS):
         t = c * CHUNK + offs_k
