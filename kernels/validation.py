@@ -30,12 +30,16 @@ def check_tensor(
     dims: str,
     sizes: dict[str, int],
     dtypes: tuple[torch.dtype, ...] = TORCH_DTYPES,
+    optional: bool = False,
 ) -> None:
-    """Check that `t` is a tensor of shape `dims` (space-separated names, e.g. "B D L").
+    """Check that `t` is a tensor of shape `dims` (space-separated names, e.g. "B D L"), or
+    None when the argument is `optional`.
 
     `sizes` maps dimension names to sizes already known from other arguments; sizes of names
     not yet in `sizes` are read off `t` and added, so later checks can compare against them.
     """
+    if optional and t is None:
+        return
     names = dims.split()
     layout = "(" + ", ".join(names) + ")"
     if not isinstance(t, torch.Tensor):

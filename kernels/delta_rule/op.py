@@ -68,12 +68,10 @@ def _validate(op: str, dtypes, q, k, v, g, beta, scale, initial_state) -> None:
     # q, k and v share one dtype (the kernels multiply them together in it).
     check_tensor(op, "k", k, "B T H K", sizes, (q.dtype,))
     check_tensor(op, "v", v, "B T H V", sizes, (q.dtype,))
-    if g is not None:
-        check_tensor(op, "g", g, "B T H", sizes, dtypes)
+    check_tensor(op, "g", g, "B T H", sizes, dtypes, optional=True)
     check_tensor(op, "beta", beta, "B T H", sizes, dtypes)
     check_range(op, "head dimension V of v", sizes["V"], 1, MAX_HEAD_DIM)
-    if initial_state is not None:
-        check_tensor(op, "initial_state", initial_state, "B H K V", sizes, dtypes)
+    check_tensor(op, "initial_state", initial_state, "B H K V", sizes, dtypes, optional=True)
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
             raise TypeError(f"{op}: scale must be a float or None, got {type(scale).__name__}")

@@ -58,14 +58,10 @@ def _validate(dtypes, u, delta, A, B, C, D, z, delta_bias, initial_state, softpl
                 f"{op}: the number of groups of {name} (G = {groups}, {name} of shape "
                 f"(B, G, N, L) = {tuple(X.shape)}) must divide the channels D = {sizes['D']}"
             )
-    for name, t, dims in (
-        ("D", D, "D"),
-        ("z", z, "B D L"),
-        ("delta_bias", delta_bias, "D"),
-        ("initial_state", initial_state, "B D N"),
-    ):
-        if t is not None:
-            check_tensor(op, name, t, dims, sizes, dtypes)
+    check_tensor(op, "D", D, "D", sizes, dtypes, optional=True)
+    check_tensor(op, "z", z, "B D L", sizes, dtypes, optional=True)
+    check_tensor(op, "delta_bias", delta_bias, "D", sizes, dtypes, optional=True)
+    check_tensor(op, "initial_state", initial_state, "B D N", sizes, dtypes, optional=True)
     check_choice(op, "delta_softplus", softplus, (False, True))
 
 

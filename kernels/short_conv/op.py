@@ -35,11 +35,9 @@ def _validate(dtypes, x, weight, bias, initial_states, activation) -> None:
     check_range(op, "weight width W", sizes["W"], 1, MAX_WIDTH)
     if sizes["L"] < 1:
         raise ValueError(f"{op}: x must have at least one position (L >= 1), got L = 0")
-    if bias is not None:
-        check_tensor(op, "bias", bias, "D", sizes, dtypes)
-    if initial_states is not None:
-        sizes["W-1"] = sizes["W"] - 1
-        check_tensor(op, "initial_states", initial_states, "B D W-1", sizes, dtypes)
+    check_tensor(op, "bias", bias, "D", sizes, dtypes, optional=True)
+    sizes["W-1"] = sizes["W"] - 1
+    check_tensor(op, "initial_states", initial_states, "B D W-1", sizes, dtypes, optional=True)
     check_choice(op, "activation", activation, ACTIVATIONS)
 
 

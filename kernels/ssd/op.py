@@ -53,13 +53,9 @@ def _validate(dtypes, x, dt, A, B, C, D, z, dt_bias, initial_states, softplus, c
     check_tensor(OP, "C", C, "B L G N", sizes, dtypes)
     if D is not None:
         check_tensor_layouts(OP, "D", D, ("H", "H P"), sizes, dtypes)
-    for name, t, dims in (
-        ("z", z, "B L H P"),
-        ("dt_bias", dt_bias, "H"),
-        ("initial_states", initial_states, "B H P N"),
-    ):
-        if t is not None:
-            check_tensor(OP, name, t, dims, sizes, dtypes)
+    check_tensor(OP, "z", z, "B L H P", sizes, dtypes, optional=True)
+    check_tensor(OP, "dt_bias", dt_bias, "H", sizes, dtypes, optional=True)
+    check_tensor(OP, "initial_states", initial_states, "B H P N", sizes, dtypes, optional=True)
     check_choice(OP, "dt_softplus", softplus, (False, True))
     if chunk_size is not None and (
         isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
