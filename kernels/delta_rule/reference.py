@@ -26,17 +26,11 @@ def l2_normalize(x: torch.Tensor) -> torch.Tensor:
 
 
 def gated_delta_rule_ref(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor | None,
-    beta: torch.Tensor,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    use_qk_l2norm_in_kernel: bool = False,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
+    beta: torch.Tensor, scale: float | None = None, initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
     states_at: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, ...]:
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """q, k (B, T, H, K); v (B, T, H, V); g (the log decays, or None: no gate), beta (B, T, H);
     initial_state (B, H, K, V).
 

@@ -30,19 +30,12 @@ def _at(X: torch.Tensor, t: int, channels: int) -> torch.Tensor:
 
 
 def selective_scan_ref(
-    u: torch.Tensor,
-    delta: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor | None = None,
-    z: torch.Tensor | None = None,
-    delta_bias: torch.Tensor | None = None,
-    delta_softplus: bool = False,
-    return_last_state: bool = False,
-    initial_state: torch.Tensor | None = None,
+    u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+    D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+    delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
+    return_last_state: bool = False, initial_state: torch.Tensor | None = None,
     states_at: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, ...]:
+) -> torch.Tensor | tuple[torch.Tensor, ...]:  # fmt: skip
     """u, delta, z (B, D, L); A (D, N); B, C (D, N) | (B, N, L) | (B, G, N, L); D, delta_bias (D,);
     initial_state (B, D, N).
 

@@ -23,17 +23,9 @@ import torch.nn.functional as F
 
 from kernels._op import compute_dtype
 from kernels.layout import match_layout
+from kernels.selective_scan import torch_chunk
 from kernels.selective_scan.op import ScanArgs
 from kernels.selective_scan.torch_backward import backward_rows
-from kernels.selective_scan.torch_chunk import (
-    LOG2E,
-    chunk_buffers,
-    chunk_inputs,
-    chunk_of,
-    from_time_major_bdl,
-    inner,
-    scan_chunk,
-)
 
 # Elements of one (T, rows, D, N) chunk buffer; the backward holds about six of them.
 CHUNK_ELEMENTS = 1 << 20
@@ -165,9 +157,9 @@ def _forward_rows(
     u, B, C, D, z, save = args.u, args.B, args.C, args.D, args.z, args.save_checkpoints
     batch, channels, length = u.shape
     N = args.A.shape[1]
-    x = chunk_inputs(args, compute)
+    x = torch_chunk.chunk_inputs(args, compute)
     dt_t, u_t, A_c, B_c, C_c, u_c = x.dt_t, x.u_t, x.A, x.B_t, x.C_t, x.u
-    A_log2 = A_c * LOG2E
+    A_log2 = A_c * torch_chunk.LOG2E
 
     n_chunks = (length + T - 1) // T
     checkpoints = u.new_empty(n_chunks if save else 0, batch, channels, N, dtype=compute)
@@ -176,7 +168,7 @@ def _forward_rows(
     state = None if args.initial_state is None else args.initial_state.to(compute)
     carried = None
     y = u.new_empty(1 if out_at is not None else length, batch, channels, dtype=compute)
-    a_buf, h_buf = chunk_buffers(2, T, u, N, compute)
+    a_buf, h_buf = torch_chunk.chunk_buffers(2, T, u, N, compute)
     patched_at = _patched_rows(patch, compute)
     for c in range(n_chunks):
         t0, t1 = c * T, min(length, (c + 1) * T)
@@ -184,24 +176,24 @@ def _forward_rows(
         if save:
             checkpoints[c].zero_() if state is None else checkpoints[c].copy_(state)
         replace = {t - t0: r for t, r in patched_at.items() if t0 <= t < t1}
-        Bt, Ct = chunk_of(B_c, t0, t1), chunk_of(C_c, t0, t1)
-        scan_chunk(dt_t[t0:t1], u_t[t0:t1], A_log2, Bt, B, state, a, hs, replace)
+        Bt, Ct = torch_chunk.chunk_of(B_c, t0, t1), torch_chunk.chunk_of(C_c, t0, t1)
+        torch_chunk.scan_chunk(dt_t[t0:t1], u_t[t0:t1], A_log2, Bt, B, state, a, hs, replace)
         if out_at is None:
-            y[t0:t1] = inner(hs, Ct, C)
+            y[t0:t1] = torch_chunk.inner(hs, Ct, C)
             for i, (rows, _, kept) in replace.items():  # the output at p: unpatched states
                 C_i = Ct if Ct.dim() == 2 else Ct[i, rows][None]
-                y[t0 + i, rows] = inner(kept[None], C_i, C)[0]
+                y[t0 + i, rows] = torch_chunk.inner(kept[None], C_i, C)[0]
         else:  # the rows whose output position lies in this chunk
             rows = ((out_at >= t0) & (out_at < t1)).nonzero()[:, 0]
             if len(rows):
                 t = out_at[rows]
                 C_at = C_c if C_c.dim() == 2 else C_c[t, rows][None]
-                y[0, rows] = inner(hs[t - t0, rows][None], C_at, C)[0]
+                y[0, rows] = torch_chunk.inner(hs[t - t0, rows][None], C_at, C)[0]
             for i, (patched, _, kept) in replace.items():  # output and patch at one position
                 same = (out_at[patched] == t0 + i).nonzero()[:, 0]
                 if len(same):
                     C_i = Ct if Ct.dim() == 2 else Ct[i, patched[same]][None]
-                    y[0, patched[same]] = inner(kept[same][None], C_i, C)[0]
+                    y[0, patched[same]] = torch_chunk.inner(kept[same][None], C_i, C)[0]
         if at is not None:  # the (row, j) pairs whose position lies in this chunk
             rows, j = ((at >= t0) & (at < t1)).nonzero(as_tuple=True)
             picked[rows, j] = hs[at[rows, j] - t0, rows]
@@ -219,7 +211,7 @@ def _forward_rows(
         if z is not None:
             out.mul_(F.silu(z[rows, :, out_at].to(compute))[..., None])
         return out, last_state, checkpoints, picked
-    out = from_time_major_bdl(y, u)
+    out = torch_chunk.from_time_major_bdl(y, u)
     if D is not None:
         out.addcmul_(D.to(compute)[:, None], u_c)
     if z is not None:

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from kernels.ssd.reference import step_sizes
 from kernels.stacking import is_batched
 
 # Chunk length: one chunk up to this many positions, else CHUNK (measured on the study's
@@ -132,11 +133,7 @@ def _ssd_finite(inputs: Inputs, chunk_size: int | None) -> tuple[torch.Tensor, t
     Q = default_chunk_size(length) if chunk_size is None else min(chunk_size, length)
 
     x_c = x.to(compute)
-    step = dt.to(compute)
-    if dt_bias is not None:
-        step = step + dt_bias.to(compute)
-    if dt_softplus:
-        step = F.softplus(step)
+    step = step_sizes(dt, dt_bias, dt_softplus, compute)
     pad = (-length) % Q
     chunks = (length + pad) // Q
     xdt = _pad_positions(x_c * step[..., None], pad).view(batch, chunks, Q, groups, per_group, P)

@@ -22,20 +22,23 @@ import torch.nn.functional as F
 from kernels.scan_at import reference_result
 
 
+def step_sizes(
+    dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: bool, compute: torch.dtype
+) -> torch.Tensor:
+    """The steps (B, L, H) in `compute`: dt + dt_bias, through softplus with `dt_softplus`."""
+    step = dt.to(compute)
+    if dt_bias is not None:
+        step = step + dt_bias.to(compute)
+    return F.softplus(step) if dt_softplus else step
+
+
 def mamba2_scan_ref(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor | None = None,
-    z: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
-    dt_softplus: bool = False,
-    initial_states: torch.Tensor | None = None,
-    return_final_states: bool = False,
+    x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+    D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None, dt_softplus: bool = False,
+    initial_states: torch.Tensor | None = None, return_final_states: bool = False,
     states_at: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, ...]:
+) -> torch.Tensor | tuple[torch.Tensor, ...]:  # fmt: skip
     """x, z (B, L, H, P); dt (B, L, H); A, dt_bias (H,); B, C (B, L, G, N); D (H,) or (H, P);
     initial_states (B, H, P, N).
 
@@ -48,11 +51,7 @@ def mamba2_scan_ref(
     batch, length, heads, _ = x.shape
     per_group = heads // B.shape[2]
     x_c = x.to(compute)
-    step = dt.to(compute)
-    if dt_bias is not None:
-        step = step + dt_bias.to(compute)
-    if dt_softplus:
-        step = F.softplus(step)
+    step = step_sizes(dt, dt_bias, dt_softplus, compute)
     A_c = A.to(compute)
     # Each head's copy of its group's B and C: (B, L, H, N).
     B_h = B.to(compute).repeat_interleave(per_group, dim=2)
