@@ -36,11 +36,11 @@ def chunk_state_bwd_kernel(
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DFINAL: tl.constexpr, STORE_DINIT: tl.constexpr, USE_G: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
+    DT = k_ptr.dtype.element_ty
+    offs_c = tl.arange(0, C)
     b, h, bh64, offs_k, offs_v, mask_k, mask_v, state_offs, mask_kv, dstate = state_program(
         dfinal_ptr, H, K, V, HAS_DFINAL, BK, BV
     )
-    DT = k_ptr.dtype.element_ty
-    offs_c = tl.arange(0, C)
     for i in range(NT):
         c = NT - 1 - i
         t, mask_t, row_base = chunk_rows(b, h, c, T, H, C)

@@ -90,11 +90,11 @@ def chunk_state_fwd_kernel(
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_INIT: tl.constexpr, STORE_FINAL: tl.constexpr, USE_G: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
+    DT = k_ptr.dtype.element_ty
+    offs_c = tl.arange(0, C)
     b, h, bh64, offs_k, offs_v, mask_k, mask_v, state_offs, mask_kv, state = state_program(
         init_ptr, H, K, V, HAS_INIT, BK, BV
     )
-    DT = k_ptr.dtype.element_ty
-    offs_c = tl.arange(0, C)
     for c in range(NT):
         t, mask_t, row_base = chunk_rows(b, h, c, T, H, C)
         tl.store(h_ptr + (bh64 * NT + c) * K * V + state_offs, state, mask=mask_kv)
