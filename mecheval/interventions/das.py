@@ -49,6 +49,7 @@ from mecheval.interventions.das_data import (
     prepare,
     unswapped,
 )
+from mecheval.interventions.das_last_block import LastBlock, last_blocks
 from mecheval.interventions.grid import block_output_at, hidden_at
 from mecheval.interventions.plan import CELL_COLUMNS, check_batch
 from mecheval.layers.resume import context_rows
@@ -153,7 +154,7 @@ def das(
         model, batch, corrupted, sites, positions, dims, layers, settings.holdout
     )
     with _frozen(model):
-        groups = _groups(data, combos, settings.seed)
+        groups = _groups(model, data, combos, query, settings.seed)
         learning = [group for group in groups if len(group.bases)]  # not the full swaps alone
         if learning:
             _train(model, learning, train, query, target, settings, progress)
@@ -227,11 +228,14 @@ class AnswerCrossEntropy(torch.autograd.Function):
 
 
 class _SiteGroup(nn.Module):
-    """Every combination of one site: their bases by k, and their patched runs."""
+    """Every combination of one site: their bases by k, and their patched runs (`last`: run
+    in the last block without its recurrence, mecheval.interventions.das_last_block)."""
 
-    def __init__(self, data: SiteData, combos: list[Combination], seed: int) -> None:
+    def __init__(
+        self, data: SiteData, combos: list[Combination], seed: int, last: LastBlock | None = None
+    ) -> None:
         super().__init__()
-        self.data, self.combos = data, combos
+        self.data, self.combos, self.last = data, combos, last
         self.ks = sorted({c.k for c in combos})
         self.bases = nn.ModuleDict(  # the full swap (k = width) has nothing to learn
             {
@@ -245,20 +249,24 @@ class _SiteGroup(nn.Module):
         """The head input at the query of every (combination, document) row, k-group by
         k-group in combination order (`learning`: only those with a basis to learn), and the
         rows' documents."""
-        values, positions, starts, rows = self._swapped(docs, learning)
+        values, positions, starts, rows, labels = self._swapped(docs, learning)
         data = self.data
         values = values.view(len(values), *data.shape).to(data.residual.dtype)
         if data.block_input is not None and data.ref.short != "block_output":
             mixer_output = None if data.mixer_output is None else data.mixer_output[rows, positions]
             inputs = data.block_input[rows, positions]
             values = block_output_at(model, data.ref, values, inputs, mixer_output)
+        if self.last is not None:
+            return self.last.hidden(model, values, labels, rows), rows
         return _run_rows(model, data, values, positions, starts, rows, query), rows
 
     def _swapped(self, docs, learning: bool) -> tuple:
         """(values (rows, width): the base's activations with the source's swapped in inside
-        each combination's subspace; each row's patched position, resume point and document)."""
+        each combination's subspace; each row's patched position, resume point, document and
+        position label (its index among the site's))."""
         data = self.data
-        values, positions, rows, starts = [], [], [], []
+        index = {label: i for i, label in enumerate(data.positions)}
+        values, positions, rows, starts, labels = [], [], [], [], []
         for k in self.ks:
             if learning and k == data.width:
                 continue
@@ -270,7 +278,14 @@ class _SiteGroup(nn.Module):
             positions += [data.positions[c.label][docs] for c in mine]
             starts += [data.starts[c.label][docs] for c in mine]
             rows += [docs] * len(mine)
-        return torch.cat(values), torch.cat(positions), torch.cat(starts), torch.cat(rows)
+            labels += [torch.full_like(docs, index[c.label]) for c in mine]
+        return (
+            torch.cat(values),
+            torch.cat(positions),
+            torch.cat(starts),
+            torch.cat(rows),
+            torch.cat(labels),
+        )
 
     def loss(self, model, docs, query, target) -> torch.Tensor:
         """The summed losses of the combinations: each the mean cross-entropy of the target
@@ -331,5 +346,6 @@ def _run_rows(model, data: SiteData, values, positions, starts, rows, query) -> 
     return torch.cat(pieces)[torch.argsort(torch.cat(order))]
 
 
-def _groups(data: dict[str, SiteData], combos: dict, seed: int) -> list[_SiteGroup]:
-    return [_SiteGroup(data[name], combos[name], seed) for name in combos]
+def _groups(model, data: dict[str, SiteData], combos: dict, query, seed: int) -> list[_SiteGroup]:
+    last = last_blocks(model, data, query)
+    return [_SiteGroup(data[name], combos[name], seed, last.get(name)) for name in combos]

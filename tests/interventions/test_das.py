@@ -43,6 +43,7 @@ KEYS = ["example", "layer", "site", "position", "k"]
     [
         ("attention", ["block_input", "mixer_output", "mlp_input", "block_output"]),
         ("mamba", ["conv_output", "state", "mixer_output"]),
+        ("deltanet", ["block_input", "state", "mlp_output"]),
     ],
 )
 def test_the_batched_run_equals_each_combination_alone(arch, sites):
@@ -76,6 +77,46 @@ def test_the_full_swap_and_no_swap_are_the_grids_patched_and_corrupted_runs():
     merged = none.merge(grid, on=["example", "layer", "site", "position"], validate="one_to_one")
     assert len(merged) == len(none) > 0
     np.testing.assert_allclose(merged["p_target"], merged["p_corrupted"], atol=1e-5, rtol=1e-4)
+
+
+RECURRENT = [
+    "mamba",
+    "mamba_noconv",
+    "mamba2",
+    "deltanet",
+    "gated_deltanet",
+    "gated_deltanet_noconv",
+]
+
+
+@pytest.mark.parametrize("arch", RECURRENT)
+def test_the_last_blocks_runs_without_its_recurrence_equal_the_full_runs(arch):
+    """A state site of the last block and the sites whose patches enter it (its block input, a
+    site after the previous block's mixer), run through the readout of the last block's scan,
+    give the head input that the run from their block on gives, at every k."""
+    from mecheval.interventions.das import _SiteGroup
+    from mecheval.interventions.das_data import prepare
+    from mecheval.interventions.das_last_block import last_blocks
+
+    model = _model(arch)
+    batch, corrupted = _data()
+    sites = ["block_input", "state", "mixer_output", "block_output"]
+    positions = ["key", "value", "value+1", "query", "0"]
+    data, combos, _, query, _, held = prepare(
+        model, batch, corrupted, sites, positions, [1, 3], None, SETTINGS.holdout
+    )
+    shortcuts = last_blocks(model, data, query)
+    last = len(model.layers) - 1
+    expected = {f"layers.{last}.block_input", f"layers.{last}.state"}
+    expected |= {f"layers.{last - 1}.mixer_output", f"layers.{last - 1}.block_output"}
+    assert set(shortcuts) == expected
+    for name, shortcut in shortcuts.items():
+        full = _SiteGroup(data[name], combos[name], seed=SETTINGS.seed)
+        fast = _SiteGroup(data[name], combos[name], seed=SETTINGS.seed, last=shortcut)
+        with torch.no_grad():
+            expected_hidden, _ = full._patched(model, held, query)
+            got, _ = fast._patched(model, held, query)
+        torch.testing.assert_close(got, expected_hidden, atol=2e-5, rtol=1e-4, msg=name)
 
 
 def test_the_bases_stay_orthonormal_and_swap_a_subspace():
