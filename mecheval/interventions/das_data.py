@@ -63,6 +63,8 @@ class SiteData:
     # mixer's output, (n, needed, d_model) each, for one-position runs of the block.
     block_input: torch.Tensor | None = None
     mixer_output: torch.Tensor | None = None
+    # The base's mixer input in block first_block (n, needed, d_model); None past the last.
+    mixer_input: torch.Tensor | None = None
 
 
 def prepare(model, batch, corrupted, sites, positions, dims, layers, holdout: float):
@@ -112,6 +114,9 @@ def _read(model, refs, where, tokens, base_tokens, needed) -> dict[str, SiteData
     at = torch.stack([where[label] for label in labels], dim=1)  # (n, P)
     reads = {r.name: (at if r.short == "state" else None) for r in refs}
     reads.update({f"layers.{r.layer}.block_input": None for r in refs})
+    last = len(model.layers) - 1
+    first = {r.layer + 1 if r.short in AFTER_MIXER else r.layer for r in refs}
+    reads.update({f"layers.{layer}.mixer_input": None for layer in first if layer <= last})
     reads.update({f"layers.{r.layer}.block_output": None for r in refs if r.short in AFTER_MIXER})
     reads.update(
         {f"layers.{r.layer}.mixer_output": None for r in refs if r.short in AFTER_MLP_INPUT}
@@ -149,6 +154,9 @@ def _read(model, refs, where, tokens, base_tokens, needed) -> dict[str, SiteData
             {},
             *_entering(ref, runs["base"], needed),
         )
+        mixer_input = f"layers.{data[ref.name].first_block}.mixer_input"
+        if mixer_input in runs["base"]:
+            data[ref.name].mixer_input = runs["base"][mixer_input][:, :needed]
     return data
 
 

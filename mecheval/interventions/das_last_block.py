@@ -3,28 +3,28 @@ patch to the query (mecheval.interventions.das runs every other site from its bl
 
 Every scan at positions is affine in its state (kernels.scan_at): the last block's scan output
 at the query is the base run's plus a linear map, the readout, of the change a patch makes to
-the state at a position before it. Each scan's output at a position reads the state
+the state after a position before it. Each scan's output at a position reads the state
 elementwise along the output's own axes and contracts the one left (`READOUT_AXES`), so the
-readout from a position has the state's shape: the gradient of the summed scan output at the
-query with respect to the state there. One pass of the base's scan, position by position, with
-a zero added to the state after each, gives those gradients from every position at once (and
-the base's contexts at every position), for every site of the block. Then:
+readout from a position has the state's shape: the gradient of the scan's output at the query,
+summed, with respect to the state it starts from there, formed once per document and position
+label (a backward of the base's scan from the position to the query, all of them in a few
+runs of similar lengths).
 
-- a state site of the last block needs no recurrence at all: the change is the swap's;
-- a patch of the residual entering the last block at p (its block input, or a site after the
-  previous block's mixer) changes the scan's inputs at positions p .. p + w - 1 alone: a
-  recurrent mixer's scan inputs at a position are projections of its input there and, through
-  its short convolutions (w the widest, 1 without), of its inputs at the w - 1 before. The
-  block runs over those w positions from the base's context at p, and the state it leaves
-  carries the patch on to the query; where the query lies among them, the block's output
-  there is read directly.
-
-The mixer's output, the rest of the block and the final norm then run at the query alone. In
-exact arithmetic this is the full patched run's computation; the tests compare the two.
+A recurrent mixer's scan inputs at a position are projections of its input there and, through
+its short convolutions (w the widest, 1 without), of its inputs at the w - 1 before. So a patch
+of the residual entering the last block at p (its block input, or a site after the previous
+block's mixer) changes the scan's inputs at p .. p + w - 1 alone, and a patch of its state
+after p changes none: the block runs over those positions (from p, or from p + 1 with the
+patched state) from the base's context there, and the change in the state it leaves after
+p + w - 1 reaches the query through the readout from there. Where the query lies among the
+positions run, the block's output there is read directly. The mixer's output, the rest of the
+block and the final norm then run at the query alone. In exact arithmetic this is the full
+patched run's computation; the tests compare the two.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -47,9 +47,10 @@ READOUT_AXES = {
     kernels.chunk_delta_rule: (-2, 1),
     kernels.chunk_gated_delta_rule: (-2, 1),
 }
-# Bytes of the per-position readouts (documents x positions x state) one pass holds: more
-# documents run in several passes.
-READOUT_BUDGET = 1 << 28
+# The readouts' backward runs its rows (documents and labels) in this many groups of similar
+# lengths, more where a group's floats of scan state x positions would pass READOUT_FLOATS.
+READOUT_GROUPS = 4
+READOUT_FLOATS = 1 << 26
 
 
 @dataclass
@@ -59,24 +60,24 @@ class LastBlock:
     `positions`) and document."""
 
     layer: int
-    window: int  # positions the block runs from each patch (0: a state site, no run)
+    state_site: bool  # a state site (else the residual entering the block is patched)
+    window: int  # positions the block runs from the patch (from p, or p + 1 at a state site)
     axes: tuple[int, int]  # the readout's contracted state axis and its output's time axis
     positions: torch.Tensor  # (P, n) the patched positions
-    readout: torch.Tensor  # (P, n, *state) from where the change is measured to the query
-    base_state: torch.Tensor | None  # (P, n, *state) the base's state there
+    readout: torch.Tensor  # (P, n, *state) from the state after p + w - 1 to the query
+    base_state: torch.Tensor  # (P, n, *state) the base's state there
     scan_out: torch.Tensor  # (n, ...) the base's scan output at the query
     aside: torch.Tensor | None  # (n, ...) what the mixer's output reads beside it
     residual: torch.Tensor  # (n, needed, d_model) the base's residual entering the block
     query: torch.Tensor  # (n,)
-    contexts: tuple | None = None  # each entry (P, n, ...): the base's context at each patch
+    contexts: tuple  # each entry (P, n, ...): the base's context where the block's run starts
 
     def hidden(self, model, values, labels, docs) -> torch.Tensor:
         """(rows, d_model) the head input at each row's query with `values` (rows, ...) put in
-        at its label's position: the state there, or the residual entering the block."""
-        if self.window:
-            outputs, state = self._run_window(model, values, labels, docs)
-        else:
-            state = values.view(len(values), *self.base_state.shape[2:])
+        at its label's position: the state after it, or the residual entering the block."""
+        if self.state_site:
+            values = values.view(len(values), *self.readout.shape[2:])
+        outputs, state = self._run(model, values, labels, docs)
         change = state.to(self.readout.dtype) - self.base_state[labels, docs]
         contracted, time = self.axes
         moved = (self.readout[labels, docs] * change).sum(contracted).unsqueeze(time)
@@ -86,24 +87,29 @@ class LastBlock:
         mixed = mixer.output(self.scan_out[docs] + moved, aside, at)[:, 0]
         site = SiteRef(f"layers.{self.layer}.mixer_output", self.layer, "mixer_output")
         output = block_output_at(model, site, mixed, self.residual[docs, at])
-        if self.window:  # the query among the positions the block ran
-            local = at - self.positions[labels, docs]
+        if outputs is not None:  # the query among the positions the block ran
+            local = at - self.positions[labels, docs] - int(self.state_site)
             inside = (local >= 0) & (local < self.window)
             rows = torch.arange(len(docs), device=docs.device)
             direct = outputs[rows, local.clamp(0, self.window - 1)]
             output = torch.where(inside[:, None], direct, output)
         return hidden_at(model, self.layer + 1, output[:, None], torch.zeros_like(at))
 
-    def _run_window(self, model, values, labels, docs) -> tuple[torch.Tensor, torch.Tensor]:
-        """The block over the `window` positions from each row's patch, `values` the residual
-        at the first, from the base's context there: (its outputs (rows, window, d_model),
-        the state it leaves)."""
-        at = self.positions[labels, docs]
-        last = self.residual.shape[1] - 1
-        span = (at[:, None] + torch.arange(self.window, device=at.device)).clamp(max=last)
-        suffix = self.residual[docs[:, None], span[:, 1:]]
-        window = torch.cat([values[:, None].to(suffix.dtype), suffix], dim=1)
-        resume = Resume(tuple(c[labels, docs] for c in self.contexts), leave=True)
+    def _run(self, model, values, labels, docs) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The block over its `window` positions from each row's patch, from the base's context
+        there: (its outputs (rows, window, d_model), None without a run; the state it leaves).
+        `values`: the residual at the first position, or the state that starts the run."""
+        context = tuple(c[labels, docs] for c in self.contexts)
+        if self.state_site:
+            if not self.window:
+                return None, values
+            context = (*context[:-1], values)
+        first = self.positions[labels, docs] + int(self.state_site)
+        span = first[:, None] + torch.arange(self.window, device=first.device)
+        window = self.residual[docs[:, None], span.clamp(max=self.residual.shape[1] - 1)]
+        if not self.state_site:
+            window = torch.cat([values[:, None].to(window.dtype), window[:, 1:]], dim=1)
+        resume = Resume(context, leave=True)
         outputs = model.layers[self.layer](window, resume)
         return outputs, resume.state[-1]
 
@@ -120,34 +126,49 @@ def last_blocks(model, data: dict[str, SiteData], query: torch.Tensor) -> dict[s
         return {}
     site = data[next(iter(kinds))]
     with torch.no_grad():
-        h = _mixer_input(model, layer, site.residual)
-        scan_at, _, aside = mixer.scan_inputs(h, *mixer.context_in(None), None)
-    if not _known_scan(scan_at):
-        return {}
-    axes = READOUT_AXES[scan_at.args[0]]
+        scan_at, _, aside = mixer.scan_inputs(site.mixer_input, *mixer.context_in(None), None)
+        if not _known_scan(scan_at):
+            return {}
+        base = scan_at(out_at=query, return_final_state=True)
     positions = torch.stack(list(site.positions.values()))  # (P, n), every site's the same
     last = site.residual.shape[1] - 1
-    window = max([mixer.conv_width(prefix) for prefix in mixer.convs], default=1)
-    measured = {0: positions.clamp(max=last), window: (positions + window - 1).clamp(max=last)}
-    readouts, scan_out, contexts = _stepwise(mixer, h, query, measured, positions)
+    width = max([mixer.conv_width(prefix) for prefix in mixer.convs], default=1)
+    shape = base.final_state.shape[1:]
+    measured = (positions + width - 1).clamp(max=last)
+    reads = _read_block(model, layer, site.residual, positions)
+    readout = _readouts(mixer, site.mixer_input, query, measured, shape, reads)
+    before = reads["state"].transpose(0, 1)  # (P, n, *state) after p - 1
+    residual = LastBlock(
+        layer=layer, state_site=False, window=width, axes=READOUT_AXES[scan_at.args[0]],
+        positions=positions, readout=readout, base_state=readout, scan_out=base.out,
+        aside=aside, residual=site.residual, query=query,
+        contexts=_contexts_at(mixer, reads, before, positions, last),
+    )  # fmt: skip
+    residual.base_state = _base_state(model, residual)
     blocks = {}
     for name, kind in kinds.items():
-        width = 0 if kind == "state" else window
-        blocks[name] = LastBlock(
-            layer=layer,
-            window=width,
-            axes=axes,
-            positions=positions,
-            readout=readouts[width],
-            base_state=None,
-            scan_out=scan_out,
-            aside=aside,
-            residual=data[name].residual,
-            query=query,
-            contexts=None if kind == "state" else contexts,
+        if kind == "residual":
+            blocks[name] = dataclasses.replace(residual, residual=data[name].residual)
+            continue
+        after = torch.stack([v.view(-1, *shape) for v in data[name].base.values()])
+        contexts = _contexts_at(mixer, reads, after.to(before), positions + 1, last)
+        blocks[name] = dataclasses.replace(
+            residual, state_site=True, window=width - 1, contexts=contexts
         )
-        blocks[name].base_state = _base_state(model, data[name], blocks[name])
     return blocks
+
+
+@torch.no_grad()
+def _base_state(model, found: LastBlock) -> torch.Tensor:
+    """(P, n, *state) the base's state after p + w - 1, where a `LastBlock` measures the
+    change a patch makes: `found`'s block run (of the residual's kind) on the base's residual."""
+    rows = torch.arange(len(found.query), device=found.query.device)
+    last = found.residual.shape[1] - 1
+    states = []
+    for j, at in enumerate(found.positions):
+        base = found.residual[rows, at.clamp(max=last)]
+        states.append(found._run(model, base, torch.full_like(at, j), rows)[1])
+    return torch.stack(states).to(found.readout)
 
 
 def _kind(ref: SiteRef, layer: int) -> str | None:
@@ -172,85 +193,77 @@ def _known_scan(scan_at) -> bool:
     )
 
 
-def _mixer_input(model, layer: int, residual: torch.Tensor) -> torch.Tensor:
-    """The base's mixer input in block `layer`, (n, needed, d_model): one run of the block."""
-    name = f"layers.{layer}.mixer_input"
-    with model.intervene(reads={name: None}) as record:
+def _readouts(mixer, h, query, measured, shape, reads: dict) -> torch.Tensor:
+    """(P, n, *shape) the readouts from the state after positions `measured` (P, n) to the
+    query of each document (zero where the position is not before it): the gradient of the
+    scan's output at the query, summed, with respect to the state it starts from at the next
+    position (the scan of the base's inputs there, their short convolutions resumed from the
+    base's windows in `reads`). Rows of similar length run together, in READOUT_GROUPS runs
+    or more (within READOUT_FLOATS each)."""
+    weights = h.new_zeros(*measured.shape, *shape, dtype=torch.float32)
+    label, doc = (measured < query).nonzero(as_tuple=True)
+    start = measured[label, doc] + 1
+    length = query[doc] - start + 1  # positions start .. query
+    order = torch.argsort(length)
+    size = max(1, -(-len(order) // READOUT_GROUPS))
+    size = min(size, max(1, READOUT_FLOATS // (h.shape[1] * shape.numel())))
+    last = h.shape[1] - 1
+    for first in range(0, len(order), size):
+        picked = order[first : first + size]
+        j, rows, begin = label[picked], doc[picked], start[picked]
+        span = begin[:, None] + torch.arange(int(length[picked].max()), device=h.device)
+        windows = tuple(
+            _inputs_before(reads[f"{prefix}_input"][rows], begin, mixer.conv_width(prefix), last)
+            for prefix in mixer.convs
+        )
+        put = torch.zeros(len(rows), *shape, device=h.device, requires_grad=True)
+        with torch.no_grad():
+            scan_at, _, _ = mixer.scan_inputs(
+                h[rows[:, None], span.clamp(max=last)], windows, put, None
+            )
+        with torch.enable_grad():
+            out = scan_at(out_at=query[rows] - begin).out
+            (grad,) = torch.autograd.grad(out.sum(), put, allow_unused=True)
+        if grad is not None:
+            weights[j, rows] = grad.to(weights.dtype)
+    return weights
+
+
+def _inputs_before(inputs: torch.Tensor, starts: torch.Tensor, width: int, last: int):
+    """(rows, C, width - 1) a short convolution's window after positions [0, s) for each row's
+    start s (rows,): its inputs (rows, needed, C) at s - width + 1 .. s - 1, zeros before
+    position 0 (the layout `kernels.causal_conv1d_fn` takes); starts past `last` read there."""
+    at = starts[:, None] + torch.arange(1 - width, 0, device=starts.device)
+    rows = torch.arange(len(starts), device=starts.device)[:, None]
+    kept = inputs[rows, at.clamp(0, last)] * (at >= 0)[..., None].to(inputs.dtype)
+    return kept.transpose(1, 2).contiguous()
+
+
+def _read_block(model, layer: int, residual, positions) -> dict:
+    """The last block's short convolutions' inputs (n, needed, C) and its states after the
+    positions just before `positions` (P, n) (n, P, *state), by short site name: one no-grad
+    run of the block on the base's residual."""
+    mixer = model.layers[layer].mixer
+    name = lambda short: f"layers.{layer}.{short}"  # noqa: E731
+    reads = {name(f"{prefix}_input"): None for prefix in mixer.convs}
+    reads[name("state")] = (positions.T - 1).clamp(0, residual.shape[1] - 1)
+    with torch.no_grad(), model.intervene(reads=reads) as record:
         model.forward_from(layer, residual, stop=layer + 1)
-    return record[name]
+    return {full.split(".", 2)[2]: record[full] for full in reads}
 
 
-def _stepwise(mixer, h, query, measured: dict, context_at) -> tuple:
-    """The base's scan in the last block, position by position (documents in passes that keep
-    the readouts within READOUT_BUDGET): (key -> the readouts (P, n, *state) from the states
-    after the positions measured[key] (P, n) to the query, the scan's output at the query
-    (n, ...), each entry of the contexts (P, n, ...) after positions [0, p) for p in
-    context_at (P, n))."""
-    n, needed = h.shape[:2]
-    per_doc = 4 * needed * max(1, mixer.state_size(needed) or 1)
-    step = max(1, READOUT_BUDGET // per_doc)
-    parts = []
-    for first in range(0, n, step):
-        picked = slice(first, first + step)
-        chosen = {key: at[:, picked] for key, at in measured.items()}
-        parts.append(_stepwise_rows(mixer, h[picked], query[picked], chosen, context_at[:, picked]))
-    readouts = {key: torch.cat([p[0][key] for p in parts], dim=1) for key in measured}
-    contexts = tuple(torch.cat(entry, dim=1) for entry in zip(*(p[2] for p in parts), strict=True))
-    return readouts, torch.cat([p[1] for p in parts]), contexts
-
-
-def _stepwise_rows(mixer, h, query, measured: dict, context_at) -> tuple:
-    """`_stepwise` for one pass of documents: a zero that needs a gradient is added to the
-    state after each position, and the gradients of the summed output at the query with
-    respect to them are the readouts from there (zero from the query on)."""
-    n, needed = h.shape[:2]
-    rows = torch.arange(n, device=h.device)
-    windows, state = mixer.context_in(None)
-    outs, zeros, contexts = [], [], None
-    resume = Resume(leave=True)
-    with torch.enable_grad():
-        for t in range(needed):
-            scan_at, windows, _ = mixer.scan_inputs(h[:, t : t + 1], windows, state, resume)
-            result = scan_at(return_final_state=True)
-            zero = torch.zeros_like(result.final_state, requires_grad=True)
-            state = result.final_state + zero
-            outs.append(result.out)
-            zeros.append(zero)
-            contexts = _keep_context(contexts, (*windows, state), context_at == t + 1)
-        at_query = torch.stack(outs)[query, rows]  # (n, ...) with the time axis of length 1
-        grads = torch.autograd.grad(at_query.sum(), zeros, allow_unused=True)
-    after = torch.stack(
-        [torch.zeros_like(z) if g is None else g for g, z in zip(grads, zeros, strict=True)]
-    )
-    readouts = {key: after[at, rows] for key, at in measured.items()}
-    return readouts, at_query.detach(), contexts
-
-
-def _keep_context(kept: tuple | None, context: tuple, here: torch.Tensor) -> tuple:
-    """The contexts kept so far (each entry (P, n, ...), zeros where not yet reached; None:
-    none yet) with `context` (each entry (n, ...)) put in where `here` (P, n) holds."""
-    if kept is None:
-        kept = tuple(c.new_zeros(here.shape[0], *c.shape) for c in context)
-    for j, label in enumerate(here):
-        rows = label.nonzero()[:, 0]
-        if len(rows):
-            for old, new in zip(kept, context, strict=True):
-                old[j, rows] = new.detach()[rows]
-    return kept
-
-
-@torch.no_grad()
-def _base_state(model, data: SiteData, found: LastBlock) -> torch.Tensor:
-    """(P, n, *state) the base's state where `found` measures the change a patch makes: at a
-    state site, the state after the patch; else after the block's window from it, run on the
-    base's residual."""
-    if not found.window:
-        shape = found.readout.shape[2:]
-        return torch.stack([v.view(-1, *shape) for v in data.base.values()]).to(found.readout)
-    rows = torch.arange(len(found.query), device=found.query.device)
-    last = data.residual.shape[1] - 1
-    states = []
-    for j, at in enumerate(found.positions):
-        base = data.residual[rows, at.clamp(max=last)]
-        states.append(found._run_window(model, base, torch.full_like(at, j), rows)[1])
-    return torch.stack(states).to(found.readout)
+def _contexts_at(mixer, reads: dict, before, starts: torch.Tensor, last: int) -> tuple:
+    """Each entry (P, n, ...) of a recurrent mixer's context (mecheval.layers.recurrent: its
+    convolutions' windows, then the state) after positions [0, s) for each start s of
+    `starts` (P, n), a patched position p or p + 1: the convolutions' last width - 1 inputs
+    before s (zeros before position 0, from `_read_block`'s reads) and the state `before`
+    (P, n, *state) after p - 1 (zero at p = 0; a state site's start p + 1 puts its own in);
+    starts past `last` read there."""
+    entries = [
+        torch.stack([_inputs_before(reads[f"{prefix}_input"], s, mixer.conv_width(prefix), last)
+                     for s in starts])
+        for prefix in mixer.convs
+    ]  # fmt: skip
+    started = (starts > 0).view(*starts.shape, *(1,) * (before.dim() - 2))
+    entries.append(before * started.to(before.dtype))
+    return tuple(entries)
