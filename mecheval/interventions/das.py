@@ -37,7 +37,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 from tqdm.auto import tqdm
@@ -46,6 +45,7 @@ from mecheval.interventions.das_data import (
     DEFAULT_DIMS,
     Combination,
     SiteData,
+    answers,
     prepare,
     unswapped,
 )
@@ -296,11 +296,7 @@ class _SiteGroup(nn.Module):
 
     def evaluate(self, model, docs, query, target) -> pd.DataFrame:
         hidden, rows = self._patched(model, docs, query)
-        logits = F.linear(hidden.float(), model.unembedding.float())
-        wanted = target[rows]
-        correct = (logits.argmax(-1) == wanted).cpu().numpy()
-        chosen = logits.gather(1, wanted[:, None])[:, 0]
-        p_target = (chosen - logits.logsumexp(-1)).exp().cpu().numpy()
+        correct, p_target = answers(model, hidden, target[rows])
         order = [c for k in self.ks for c in self.combos if c.k == k]
         n = len(docs)
         ref = self.data.ref

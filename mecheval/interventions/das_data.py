@@ -6,15 +6,15 @@ no-swap rows (k = 0), the base documents unpatched.
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
-from mecheval.interventions.grid import base_run, hidden_at
+from mecheval.interventions.grid import METRIC_ROWS, UNSHIFTED, base_run, hidden_at
 from mecheval.interventions.plan import (
     AFTER_MIXER,
     AFTER_MLP_INPUT,
@@ -201,10 +201,7 @@ def unswapped(model, data: dict[str, SiteData], base_tokens, docs, query, target
     (how often the base alone gives the source's answer) a swap's is measured from."""
     tokens = torch.as_tensor(base_tokens, device=query.device)[docs]
     hidden = hidden_at(model, 0, model.embed(tokens), query[docs])
-    logits = F.linear(hidden.float(), model.unembedding.float())
-    wanted = target[docs]
-    correct = (logits.argmax(-1) == wanted).cpu().numpy()
-    p_target = (logits.gather(1, wanted[:, None])[:, 0] - logits.logsumexp(-1)).exp()
+    correct, p_target = answers(model, hidden, target[docs])
     frames = [
         pd.DataFrame(
             {
@@ -216,10 +213,37 @@ def unswapped(model, data: dict[str, SiteData], base_tokens, docs, query, target
                 "k": 0,
                 "width": site.width,
                 "correct": correct,
-                "p_target": p_target.cpu().numpy(),
+                "p_target": p_target,
             }
         )
         for site in data.values()
         for label in site.positions
     ]
     return pd.concat(frames, ignore_index=True)
+
+
+def answers(model, hidden: torch.Tensor, wanted: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """(correct, p_target) per row of `hidden` (rows, d_model), a head input: whether the top
+    answer of the tied head is `wanted` (rows,), and that answer's probability. The logits are
+    formed METRIC_ROWS rows at a time into one buffer, in base 2 (exp2 of the logits times
+    log2(e) is exp of theirs), and within +-UNSHIFTED need no shift in their log-sum-exp (as
+    the interchange grid's metrics: mecheval.interventions.grid)."""
+    hidden = hidden.float()
+    weight2 = model.unembedding.float() * math.log2(math.e)
+    bound = float(weight2.norm(dim=1).max())
+    correct = torch.empty(len(hidden), dtype=torch.bool, device=hidden.device)
+    log2_p = hidden.new_empty(len(hidden))
+    buffer = hidden.new_empty(min(METRIC_ROWS, len(hidden)), len(weight2))
+    for first in range(0, len(hidden), METRIC_ROWS):
+        block = slice(first, first + METRIC_ROWS)
+        part = hidden[block]
+        logits2 = torch.mm(part, weight2.T, out=buffer[: len(part)])
+        chosen = logits2.gather(1, wanted[block, None])[:, 0]
+        correct[block] = logits2.argmax(-1) == wanted[block]
+        if float(part.norm(dim=1).max()) * bound <= UNSHIFTED:
+            lse2 = logits2.exp2_().sum(-1).log2()
+        else:
+            top = logits2.amax(-1, keepdim=True)
+            lse2 = top[:, 0] + logits2.sub_(top).exp2_().sum(-1).log2()
+        log2_p[block] = chosen - lse2
+    return correct.cpu().numpy(), log2_p.exp2().cpu().numpy()
