@@ -74,6 +74,17 @@ def test_missing_models_are_not_run_and_the_most_accurate_width_counts():
     assert findings_table(pd.DataFrame(unevaluated)).iloc[0]["verdict"] == NOT_RUN
 
 
+def test_a_failure_counts_only_where_attention_solves_the_task():
+    untrained = [dict(r) for r in STUDY_LIKE]
+    untrained[0].update(dev_accuracy=0.05)  # nothing learns this setting: H3 failing says nothing
+    table = findings_table(pd.DataFrame(untrained)).set_index("finding")
+    assert table.loc[2, "verdict"] == NOT_REPRODUCED and table.loc[4, "verdict"] == NOT_REPRODUCED
+    assert "attention d64: acc 0.05" in table.loc[2, "ours"]
+    no_attention = [r for r in STUDY_LIKE if (r["task"], r["arch"]) != ("ar", "attention")]
+    table = findings_table(pd.DataFrame(no_attention)).set_index("finding")
+    assert table.loc[2, "verdict"] == NOT_RUN and "attention" in table.loc[2, "ours"]
+
+
 def test_each_task_setting_is_judged_on_its_own():
     toy, study = "ar(num_pairs=4, num_keys=16)", "ar()"
     rows = [dict(r, setting=study if r["task"] == "ar" else "atr()") for r in STUDY_LIKE]
