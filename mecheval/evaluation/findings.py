@@ -4,10 +4,11 @@
 
 `evidence` has one row per selected 2-layer model (the report's best learning rate per task
 setting, architecture and width): task name ("ar" or "atr"), setting (the task with its
-options, e.g. "ar()" or "ar(num_pairs=4, num_keys=16)"), arch, d_model, dev_accuracy, the read-outs
-(induction, direct_early, direct_late, with `_low` / `_high` bootstrap bounds when present),
-mechanism, and for models with a short conv its layer-0 output read-outs (conv_value+1,
-conv_value+2). For each architecture a finding looks at its most accurate width.
+options and the run's length, e.g. "ar(), 50,016 steps": mecheval.evaluation.report's
+task_setting), arch, d_model, dev_accuracy, the read-outs (induction, direct_early,
+direct_late, with `_low` / `_high` bootstrap bounds when present), mechanism, and for models
+with a short conv its layer-0 output read-outs (conv_value+1, conv_value+2). For each
+architecture a finding looks at its most accurate width.
 
 A finding is judged in each task setting of its task separately (a toy AR task and the
 study's own are not mixed), and `ours` lists every setting's outcome. Verdicts, computed,

@@ -59,10 +59,13 @@ from mecheval.tasks import make_task
 MODEL = ["task", "setting", "arch", "d_model", "n_layers"]
 
 
-def task_setting(task_section: dict) -> str:
-    """A run's task setting, readable: the task name and its non-default options, e.g.
-    "ar()" (the study's AR) or "ar(num_pairs=4, num_keys=16)"."""
-    return make_task(task_section["name"], **task_section.get("options", {})).label()
+def task_setting(task_section: dict, steps: int) -> str:
+    """A run's setting, readable: the task name, its non-default options and the run's length,
+    e.g. "ar(), 50,016 steps" (the study's AR as the study trains it) or "ar(num_pairs=4,
+    num_keys=16), 3,000 steps". Runs of one setting are compared (the best learning rate, the
+    findings); runs of another length are another setting."""
+    task = make_task(task_section["name"], **task_section.get("options", {}))
+    return f"{task.label()}, {steps:,} steps"
 
 
 def collect_results(folders: pd.DataFrame) -> pd.DataFrame:
@@ -77,7 +80,7 @@ def collect_results(folders: pd.DataFrame) -> pd.DataFrame:
                 "run": run.name,
                 "path": str(run),
                 "task": config["task"]["name"],
-                "setting": task_setting(config["task"]),
+                "setting": task_setting(config["task"], result["steps"]),
                 "task_label": json.dumps(config["task"], sort_keys=True),
                 "arch": config["model"]["arch"],
                 "d_model": config["model"]["d_model"],
