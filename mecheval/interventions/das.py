@@ -160,19 +160,25 @@ def das(
             _train(model, learning, train, query, target, settings, progress)
         with torch.no_grad():
             parts = [group.evaluate(model, held, query, target) for group in groups]
-    parts.append(unswapped(model, data, corrupted, held, query, target))
+    parts.append(unswapped(model, data, held, target))
     return pd.concat(parts, ignore_index=True)[list(COLUMNS)]
 
 
 def _train(model, groups, train, query, target, settings: DasSettings, progress: bool) -> None:
-    optimizer = torch.optim.Adam([p for g in groups for p in g.parameters()], lr=settings.lr)
+    parameters = [p for g in groups for p in g.parameters()]
+    optimizer = torch.optim.Adam(parameters, lr=settings.lr)
     order = _minibatches(train, settings)
     steps = tqdm(range(settings.steps), disable=not progress, desc="DAS", unit="step")
     for _ in steps:
         docs = next(order)
         optimizer.zero_grad(set_to_none=True)
         for group in groups:
-            group.loss(model, docs, query, target).backward()
+            loss = group.loss(model, docs, query, target)
+            if loss is not None:
+                loss.backward()
+        for p in parameters:  # a basis no live row reached: zero, and Adam steps it as alone
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         optimizer.step()
 
 
@@ -246,27 +252,45 @@ class _SiteGroup(nn.Module):
         )
 
     def _patched(self, model, docs, query, learning: bool = False):
-        """The head input at the query of every (combination, document) row, k-group by
-        k-group in combination order (`learning`: only those with a basis to learn), and the
-        rows' documents."""
-        values, positions, starts, rows, labels = self._swapped(docs, learning)
+        """(the head input at the query of every (combination, document) row, k-group by
+        k-group in combination order (`learning`: only those with a basis to learn); the rows'
+        documents): the rows that are not live (`SiteData.live`) take the base's."""
+        rows, live, hidden = self._live(model, docs, query, learning)
+        patched = self.data.base_hidden[rows].to(hidden.dtype)
+        patched[live] = hidden
+        return patched, rows
+
+    def _live(self, model, docs, query, learning: bool) -> tuple:
+        """(every row's document, which rows are live, the head input at the query of those),
+        the rows as `_patched` orders them."""
+        values, positions, starts, rows, labels, live = self._swapped(docs, learning)
+        keep = live.nonzero()[:, 0]
         data = self.data
+        if not len(keep):
+            return rows, live, data.base_hidden.new_empty(0, data.base_hidden.shape[1])
+        values, positions, starts, labels = (
+            values[keep],
+            positions[keep],
+            starts[keep],
+            labels[keep],
+        )
+        docs = rows[keep]
         values = values.view(len(values), *data.shape).to(data.residual.dtype)
         if data.block_input is not None and data.ref.short != "block_output":
-            mixer_output = None if data.mixer_output is None else data.mixer_output[rows, positions]
-            inputs = data.block_input[rows, positions]
+            mixer_output = None if data.mixer_output is None else data.mixer_output[docs, positions]
+            inputs = data.block_input[docs, positions]
             values = block_output_at(model, data.ref, values, inputs, mixer_output)
         if self.last is not None:
-            return self.last.hidden(model, values, labels, rows), rows
-        return _run_rows(model, data, values, positions, starts, rows, query), rows
+            return rows, live, self.last.hidden(model, values, labels, docs)
+        return rows, live, _run_rows(model, data, values, positions, starts, docs, query)
 
     def _swapped(self, docs, learning: bool) -> tuple:
         """(values (rows, width): the base's activations with the source's swapped in inside
-        each combination's subspace; each row's patched position, resume point, document and
-        position label (its index among the site's))."""
+        each combination's subspace; each row's patched position, resume point, document,
+        position label (its index among the site's) and whether it is live)."""
         data = self.data
         index = {label: i for i, label in enumerate(data.positions)}
-        values, positions, rows, starts, labels = [], [], [], [], []
+        values, positions, rows, starts, labels, live = [], [], [], [], [], []
         for k in self.ks:
             if learning and k == data.width:
                 continue
@@ -279,20 +303,27 @@ class _SiteGroup(nn.Module):
             starts += [data.starts[c.label][docs] for c in mine]
             rows += [docs] * len(mine)
             labels += [torch.full_like(docs, index[c.label]) for c in mine]
+            live += [data.live[c.label][docs] for c in mine]
         return (
             torch.cat(values),
             torch.cat(positions),
             torch.cat(starts),
             torch.cat(rows),
             torch.cat(labels),
+            torch.cat(live),
         )
 
-    def loss(self, model, docs, query, target) -> torch.Tensor:
-        """The summed losses of the combinations: each the mean cross-entropy of the target
-        answer over the documents."""
-        hidden, rows = self._patched(model, docs, query, learning=True)
-        per_row = AnswerCrossEntropy.apply(hidden.float(), model.unembedding.float(), target[rows])
-        return per_row.view(-1, len(docs)).mean(1).sum()
+    def loss(self, model, docs, query, target) -> torch.Tensor | None:
+        """The summed losses of the combinations, each the mean cross-entropy of the target
+        answer over the documents, less the rows that are not live (constants, whose runs are
+        the base's); None where no row is live."""
+        rows, live, hidden = self._live(model, docs, query, learning=True)
+        if not len(hidden):
+            return None
+        weight = model.unembedding.float()
+        return AnswerCrossEntropy.apply(hidden.float(), weight, target[rows[live]]).sum() / len(
+            docs
+        )
 
     def evaluate(self, model, docs, query, target) -> pd.DataFrame:
         hidden, rows = self._patched(model, docs, query)

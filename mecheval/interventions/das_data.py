@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -20,6 +20,7 @@ from mecheval.interventions.plan import (
     AFTER_MLP_INPUT,
     SiteRef,
     _resume_points,
+    reaches_query,
     select_sites,
 )
 from mecheval.interventions.positions import expand_positions, resolve_position
@@ -65,6 +66,10 @@ class SiteData:
     mixer_output: torch.Tensor | None = None
     # The base's mixer input in block first_block (n, needed, d_model); None past the last.
     mixer_input: torch.Tensor | None = None
+    # label -> (n,) the documents whose swap there can change the query (`mark_live`), and
+    # (n, d_model) the base's head input at each query, every other row's result.
+    live: dict[str, torch.Tensor] = field(default_factory=dict)
+    base_hidden: torch.Tensor | None = None
 
 
 def prepare(model, batch, corrupted, sites, positions, dims, layers, holdout: float):
@@ -95,6 +100,7 @@ def prepare(model, batch, corrupted, sites, positions, dims, layers, holdout: fl
     refs = select_sites(model, layers, sites)
     data = _read(model, refs, where, batch.tokens, base_tokens, needed)
     _add_resume_points(model, data, where, base_tokens, query, needed)
+    _mark_live(model, data, query)
     combos = {
         ref.name: [
             Combination(ref, label, k)
@@ -169,16 +175,34 @@ def _add_resume_points(model, data, where, base_tokens, query, needed) -> None:
         positions = torch.cat(list(where.values()))
         points = _resume_points(model, positions, needed, n, GRID_MEMORY_BUDGET)
     contexts: dict[int, list] = {0: [None] * len(model.layers)}
-    if points:
-        with torch.no_grad():
-            embedded = model.embed(base_tokens)
-            _, _, contexts = base_run(model, embedded, query, {}, points, needed)
+    with torch.no_grad():
+        embedded = model.embed(base_tokens)
+        if points:
+            hidden, _, contexts = base_run(model, embedded, query, {}, points, needed)
+        else:
+            hidden = hidden_at(model, 0, embedded[:, :needed], query)
     table = torch.tensor(points or [0], device=query.device)
     starts = {
         label: table[torch.searchsorted(table, at, right=True) - 1] for label, at in where.items()
     }
     for site in data.values():
-        site.starts, site.contexts = starts, contexts
+        site.starts, site.contexts, site.base_hidden = starts, contexts, hidden
+
+
+def _mark_live(model, data: dict[str, SiteData], query: torch.Tensor) -> None:
+    """Each site's live rows: those whose swap can change the logits at the query, at every
+    k. Not live: a patch that cannot reach the query (after it; the state after it; after the
+    last block's mixer but not at it: plan.reaches_query), or whose source and base
+    activations are equal (the documents agree up to there, or a token-local site where they
+    hold the same token), so that every swap there is the identity. Either way the patched
+    run is the base run, and no R gets a gradient from the row."""
+    reach = model.query_reach()
+    for site in data.values():
+        site.live = {
+            label: reaches_query(site.ref, at, query, reach)
+            & (site.source[label] != site.base[label]).any(1)
+            for label, at in site.positions.items()
+        }
 
 
 def _entering(ref: SiteRef, base: dict, needed: int) -> tuple:
@@ -196,11 +220,11 @@ def _entering(ref: SiteRef, base: dict, needed: int) -> tuple:
 
 
 @torch.no_grad()
-def unswapped(model, data: dict[str, SiteData], base_tokens, docs, query, target) -> pd.DataFrame:
-    """The k = 0 rows of every (site, position): the base documents run unpatched, whose IIA
-    (how often the base alone gives the source's answer) a swap's is measured from."""
-    tokens = torch.as_tensor(base_tokens, device=query.device)[docs]
-    hidden = hidden_at(model, 0, model.embed(tokens), query[docs])
+def unswapped(model, data: dict[str, SiteData], docs, target) -> pd.DataFrame:
+    """The k = 0 rows of every (site, position): the base documents unpatched (the base run's
+    head input at the query), whose IIA (how often the base alone gives the source's answer)
+    a swap's is measured from."""
+    hidden = next(iter(data.values())).base_hidden[docs]
     correct, p_target = answers(model, hidden, target[docs])
     frames = [
         pd.DataFrame(

@@ -45,7 +45,7 @@ def das_loop(
                 with torch.no_grad():
                     logits = run(held)
                 parts.append(_rows(site, combo, held, logits, target))
-    parts.append(unswapped(model, data, corrupted, held, query, target))
+    parts.append(unswapped(model, data, held, target))
     return pd.concat(parts, ignore_index=True)[list(COLUMNS)]
 
 
