@@ -326,10 +326,17 @@ class _SiteGroup(nn.Module):
         )
 
     def evaluate(self, model, docs, query, target) -> pd.DataFrame:
-        hidden, rows = self._patched(model, docs, query)
-        correct, p_target = answers(model, hidden, target[rows])
+        """A row per (combination, held-out document): `correct` and `p_target` of the patched
+        run (the base run's for the rows that are not live)."""
+        rows, live, hidden = self._live(model, docs, query, learning=False)
         order = [c for k in self.ks for c in self.combos if c.k == k]
         n = len(docs)
+        correct, p_target = (
+            np.tile(a, len(order))
+            for a in answers(model, self.data.base_hidden[docs], target[docs])
+        )
+        at = live.cpu().numpy()
+        correct[at], p_target[at] = answers(model, hidden, target[rows[live]])
         ref = self.data.ref
         return pd.DataFrame(
             {
