@@ -49,7 +49,7 @@ READOUT_AXES = {
 }
 # The readouts' backward runs its rows (documents and labels) in this many groups of similar
 # lengths, more where a group's floats of scan state x positions would pass READOUT_FLOATS.
-READOUT_GROUPS = 4
+READOUT_GROUPS = 8
 READOUT_FLOATS = 1 << 26
 
 
