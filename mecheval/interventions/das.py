@@ -21,11 +21,14 @@ the queried key, so after a swap that carries it the model should give the origi
 Batched: every (site, position, k) combination trains at once, each with its own R: per site
 and step, one backward over (combinations x documents) rows, each row run from the site's
 block on, from the base run's context at a resume point at or before its patch (as the
-interchange grid runs its cells), and read out at the query alone. Their losses are summed, so
-each R gets its own loss's gradient and Adam updates it as it would alone, on the same
-documents in the same order (`das_loop` trains each alone through a forward hook, pyvene's
-way; the tests compare them). What it reads before training: mecheval.interventions.das_data.
-Parameters, defaults and cost: docs/das.md.
+interchange grid runs its cells), and read out at the query alone; a patch that enters a
+recurrent model's last block runs without its recurrence to the query
+(mecheval.interventions.das_last_block), and a row whose swap cannot change the query (it
+cannot reach it, or is the identity there) is not run: its result is the base run's. Their
+losses are summed, so each R gets its own loss's gradient and Adam updates it as it would
+alone, on the same documents in the same order (`das_loop` trains each alone through a forward
+hook, pyvene's way; the tests compare them). What it reads before training:
+mecheval.interventions.das_data. Parameters, defaults and cost: docs/das.md.
 """
 
 from __future__ import annotations

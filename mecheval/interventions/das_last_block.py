@@ -172,8 +172,9 @@ def _base_state(model, found: LastBlock) -> torch.Tensor:
 
 
 def _kind(ref: SiteRef, layer: int) -> str | None:
-    """ "state" for a state site of block `layer`, "residual" for a site whose patch is put in
-    the residual entering it, None otherwise."""
+    """What a site's patch changes in block `layer`: "state" (a state site of the block),
+    "residual" (the residual entering it: its block input, a site after the previous block's
+    mixer), or None (anything else)."""
     if ref.short == "state" and ref.layer == layer:
         return "state"
     if (ref.short == "block_input" and ref.layer == layer) or (
