@@ -11,7 +11,7 @@ from mecheval.pipeline import load_run_config
 from mecheval.sweep import expand_sweep, load_sweep
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-GRID_SIZES = {"study_ar_d64.yaml": 7 * 7}
+GRID_SIZES = {"study_ar_d64.yaml": 7 * 7, "study_scale.yaml": 22}
 RUN_CONFIGS = ("study_ar_run.yaml", "quickstart.yaml", "findings.yaml")
 
 
@@ -49,3 +49,30 @@ def test_findings_config_runs_the_study_settings_the_quickstart_lacks():
     assert ar == {"h3", "hyena", "attention"} and atr == {"attention", "based", "mamba_noconv"}
     assert all(r.config.task.options == {} for r in runs if r.config.task.name == "ar")
     assert {r.config.total_steps for r in runs} == {50_016, 30_000}
+
+
+def test_study_scale_runs_every_findings_models_at_the_studys_scale_on_one_thread():
+    runs = load_sweep(CONFIGS / "study_scale.yaml")
+    assert {r.config.threads for r in runs} == {1}
+    ar = [r.config for r in runs if r.config.task.name == "ar"]
+    assert all(c.task.options == {} and c.total_steps == 50_016 for c in ar)
+    assert {c.model.arch for c in ar} >= {
+        "attention",
+        "based",
+        "h3",
+        "hyena",
+        "mamba",
+        "deltanet",
+        "mamba_noconv",
+    }
+    atr = [r.config for r in runs if r.config.task.name == "atr"]
+    assert {c.model.arch for c in atr} == {"attention", "based", "mamba_noconv"}
+    assert all(c.task.options["draw"] == "study" for c in atr)
+    mamba = [c for c in ar if c.model.arch == "mamba"]
+    assert {c.seed for c in mamba} == {42, 43, 44} and {c.optim.lr for c in mamba} == {1e-2}
+
+
+@pytest.mark.parametrize("path", sorted((CONFIGS / "ladder").glob("*.yaml")), ids=lambda p: p.name)
+def test_ladder_sweeps_load_and_run_one_thread_each(path):
+    runs = load_sweep(path)
+    assert runs and {r.config.threads for r in runs} == {1}
