@@ -48,10 +48,11 @@ def key_grid(path: str | Path) -> pd.DataFrame:
     return grid.drop(columns=[c for c in IDENTITY if c in grid])
 
 
-def _siblings(run: pd.Series, results: pd.DataFrame) -> pd.DataFrame:
-    """Evaluated runs of the same configuration as `run` but another seed (run included)."""
+def seed_siblings(run: pd.Series, results: pd.DataFrame) -> pd.DataFrame:
+    """Evaluated runs of the same configuration as `run` (task instance, run length, model,
+    learning rate) but another seed, `run` included."""
     same = results["evaluated"]
-    for column in ("task_label", "arch", "d_model", "n_layers", "lr"):
+    for column in ("task_label", "steps", "arch", "d_model", "n_layers", "lr"):
         same &= results[column] == run[column]
     return results[same]
 
@@ -75,7 +76,7 @@ def evidence_table(best: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
         grid = key_grid(run["path"])
         scores = readout(grid, intervals=True, reps=BOOTSTRAP_REPS).iloc[0].to_dict()
         row.update(scores)
-        seeds = _siblings(run, results)
+        seeds = seed_siblings(run, results)
         row["seeds"] = len(seeds)
         if len(seeds) > 1:
             grids = [key_grid(r.path).assign(run=r.run) for r in seeds.itertuples()]
