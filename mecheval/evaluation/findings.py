@@ -1,6 +1,7 @@
 """The study's five findings, checked against a set of evaluated runs.
 
-    findings_table(evidence) -> one row per finding: claim, the study's numbers, ours, verdict
+    findings_table(evidence) -> one row per finding: claim, the study's numbers, ours, verdict,
+                                and the smallest setting mecheval's runs showed it in
 
 `evidence` has one row per selected 2-layer model (the report's best learning rate per task
 setting, architecture and width): task name ("ar" or "atr"), setting (the task with its
@@ -29,8 +30,12 @@ in a setting where attention solves the task; a read-out names a mechanism by
 
 from __future__ import annotations
 
+import csv
+import functools
+import io
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 
 import pandas as pd
 
@@ -181,12 +186,30 @@ FINDINGS = (
 )
 
 
+def _smallest(number: int) -> str:
+    seen = smallest_settings().get(number)
+    return "" if seen is None else f"{seen[0]} ({seen[1]})"
+
+
 def _task_of(finding: Finding) -> str:
     return "atr" if finding.claim.startswith("ATR") else "ar"
 
 
+@functools.cache
+def smallest_settings() -> dict[int, tuple[str, str]]:
+    """finding -> (the smallest setting in which mecheval's runs showed it, the config that
+    trains that setting), measured (docs/reproduction.md, "Where the findings start to show";
+    the table is findings_ladder.csv beside this module)."""
+    text = resources.files(__package__).joinpath("findings_ladder.csv").read_text()
+    return {
+        int(row["finding"]): (row["setting"], row["config"])
+        for row in csv.DictReader(io.StringIO(text))
+    }
+
+
 def findings_table(evidence: pd.DataFrame) -> pd.DataFrame:
-    """One row per finding: finding (1..5), claim, study, ours, verdict."""
+    """One row per finding: finding (1..5), claim, study, ours, verdict, smallest_setting (the
+    smallest setting mecheval's runs showed it in, and its config; `smallest_settings`)."""
     rows = []
     for number, finding in enumerate(FINDINGS, start=1):
         task = _task_of(finding)
@@ -217,6 +240,7 @@ def findings_table(evidence: pd.DataFrame) -> pd.DataFrame:
                 "study": finding.study,
                 "ours": ours,
                 "verdict": verdict,
+                "smallest_setting": _smallest(number),
             }
         )
     return pd.DataFrame(rows)

@@ -272,7 +272,9 @@ def _findings_note(t: _Tables) -> str:
         "accurate width. A finding that does not show in runs smaller than the study's "
         '(another task setting, or fewer training steps) is "not reproduced at this scale"; '
         "\"not reproduced\" needs the study's setting and length. The study's numbers are its "
-        "best learning rate per width."
+        "best learning rate per width. `smallest_setting`: the smallest setting in which "
+        "mecheval's runs showed the finding, and the config that trains it (docs/reproduction.md,"
+        ' "Where the findings start to show").'
     )
 
 

@@ -3,8 +3,12 @@ one row per finding, with the study's numbers beside ours."""
 
 from __future__ import annotations
 
-import pandas as pd
+from pathlib import Path
 
+import pandas as pd
+import yaml
+
+from mecheval.config import to_dict
 from mecheval.evaluation.findings import (
     FINDINGS,
     NOT_AT_SCALE,
@@ -12,8 +16,11 @@ from mecheval.evaluation.findings import (
     NOT_RUN,
     REPRODUCED,
     findings_table,
+    smallest_settings,
 )
+from mecheval.evaluation.report import task_setting
 from mecheval.evaluation.study_numbers import at_study_scale
+from mecheval.sweep import expand_sweep
 
 
 def model(task, arch, acc, mechanism=None, d_model=64, **readouts):
@@ -131,3 +138,15 @@ def test_study_scale_is_the_studys_task_setting_and_length():
     assert at_study_scale("atr", {"max_rhs_len": 5, "num_terminals": 20}, 100_032)
     assert not at_study_scale("atr", {"max_rhs_len": 5, "num_terminals": 20}, 30_000)
     assert not at_study_scale("atr", {"max_rhs_len": 7, "num_terminals": 20}, 100_032)
+
+
+def test_every_findings_smallest_setting_is_one_its_config_trains():
+    repo = Path(__file__).resolve().parents[2]
+    table = findings_table(pd.DataFrame(STUDY_LIKE))
+    assert set(smallest_settings()) == {1, 2, 3, 4, 5}
+    for number, (setting, config) in smallest_settings().items():
+        spec = yaml.safe_load((repo / config).read_text())
+        runs = expand_sweep(spec.get("sweep", spec))
+        trained = {task_setting(to_dict(r.config.task), r.config.total_steps) for r in runs}
+        assert setting in trained, (number, config, sorted(trained))
+        assert table.set_index("finding").loc[number, "smallest_setting"] == f"{setting} ({config})"
