@@ -6,7 +6,7 @@ Without a config it runs configs/quickstart.yaml, the CPU quickstart: attention,
 Mamba without its short conv and DeltaNet (two seeds each; and, beyond the study, Gated
 DeltaNet and Mamba-2), H3 and Hyena on a small associative-recall task (4 pairs over 16 keys),
 and attention, Based and Mamba without its short conv on a small associative-treecall task
-((5, 20) grammars), which a 2-core machine trains, evaluates and reports in about twelve
+((5, 20) grammars), which a 2-core machine trains, evaluates and reports in about thirteen
 minutes (docs/benchmarks.md). Its report's Findings table says which of the study's five
 findings show at this scale. Another config file (see configs/) runs another sweep, e.g. the
 study's full grids on a GPU.
