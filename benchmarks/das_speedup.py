@@ -35,14 +35,19 @@ def _seconds(fn):
     return result, time.perf_counter() - wall, time.process_time() - cpu
 
 
-def measure(arch: str, steps: int, task, batch, corrupted) -> dict:
+def setup(arch: str, steps: int, task) -> tuple[torch.nn.Module, dict, DasSettings]:
+    """The model, the (sites, positions, dims) searched and the settings both methods run."""
     torch.manual_seed(0)
     size = dict(vocab_size=task.vocab_size, d_model=64, max_len=task.max_document_length)
     model = build_model(arch, **size).to(DEVICE)
     recurrent = any(name.endswith(".state") for name in model.site_names())
     sites = ["block_input", "mixer_output"] + (["state"] if recurrent else [])
     where = dict(sites=sites, positions=["key", "value", "query"], dims=[1, 4, 16])
-    settings = DasSettings(steps=steps, lr=1e-2, batch_size=32, holdout=0.5)
+    return model, where, DasSettings(steps=steps, lr=1e-2, batch_size=32, holdout=0.5)
+
+
+def measure(arch: str, steps: int, task, batch, corrupted) -> dict:
+    model, where, settings = setup(arch, steps, task)
     ours, ours_wall, ours_cpu = _seconds(
         lambda: das(model, batch, corrupted, settings=settings, **where)
     )
