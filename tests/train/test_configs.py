@@ -11,7 +11,7 @@ from mecheval.pipeline import load_run_config
 from mecheval.sweep import expand_sweep, load_sweep
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-GRID_SIZES = {"study_ar_d64.yaml": 7 * 7, "study_scale.yaml": 22}
+GRID_SIZES = {"study_ar_d64.yaml": 7 * 7, "study_scale.yaml": 23}
 RUN_CONFIGS = ("study_ar_run.yaml", "quickstart.yaml", "findings.yaml")
 
 
@@ -68,6 +68,8 @@ def test_study_scale_runs_every_findings_models_at_the_studys_scale_on_one_threa
     atr = [r.config for r in runs if r.config.task.name == "atr"]
     assert {c.model.arch for c in atr} == {"attention", "based", "mamba_noconv"}
     assert all(c.task.options["draw"] == "study" for c in atr)
+    at_length = {c.model.arch for c in atr if c.total_steps == 100_032}  # the study's 32 epochs
+    assert at_length == {"attention", "based", "mamba_noconv"}
     mamba = [c for c in ar if c.model.arch == "mamba"]
     assert {c.seed for c in mamba} == {42, 43, 44} and {c.optim.lr for c in mamba} == {1e-2}
 
