@@ -16,13 +16,7 @@ setup(
     packages=find_packages(include=["kernels", "kernels.*", "mecheval", "mecheval.*"]),
     # The main job's default, configs/quickstart.yaml, ships inside the package (through the
     # link mecheval/quickstart.yaml), so that an installed mecheval finds it too.
-    package_data={
-        "mecheval": [
-            "quickstart.yaml",
-            "evaluation/study_accuracies.csv",
-            "evaluation/findings_ladder.csv",
-        ]
-    },
+    package_data={"mecheval": ["quickstart.yaml", "evaluation/*.csv"]},
     install_requires=[
         "torch>=2.4",
         "triton>=3.0; platform_system == 'Linux'",

@@ -9,6 +9,7 @@ analysis -> findings -> report):
     evaluate       evaluate_run / evaluate_all: the interchange grids of finished runs
     analysis       tables from the evaluated runs (read-outs with intervals, over training,
                    by distance)
+    shipped        the measured tables shipped as CSV beside the modules
     study_numbers  the study's own accuracies, and whether a run is at its scale
     findings       the study's five findings, judged on the analysis' tables
     plots          the report's figures

@@ -30,14 +30,13 @@ in a setting where attention solves the task; a read-out names a mechanism by
 
 from __future__ import annotations
 
-import csv
 import functools
-import io
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
 
 import pandas as pd
+
+from mecheval.evaluation.shipped import shipped_rows
 
 SOLVES = 0.5
 FAILS = 0.3
@@ -200,11 +199,8 @@ def smallest_settings() -> dict[int, tuple[str, str]]:
     """finding -> (the smallest setting in which mecheval's runs showed it, the config that
     trains that setting), measured (docs/reproduction.md, "Where the findings start to show";
     the table is findings_ladder.csv beside this module)."""
-    text = resources.files(__package__).joinpath("findings_ladder.csv").read_text()
-    return {
-        int(row["finding"]): (row["setting"], row["config"])
-        for row in csv.DictReader(io.StringIO(text))
-    }
+    rows = shipped_rows("findings_ladder.csv")
+    return {int(row["finding"]): (row["setting"], row["config"]) for row in rows}
 
 
 def findings_table(evidence: pd.DataFrame) -> pd.DataFrame:

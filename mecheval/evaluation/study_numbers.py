@@ -9,12 +9,10 @@ whether a run is at the study's scale.
 
 from __future__ import annotations
 
-import csv
 import functools
-import io
 from collections.abc import Mapping
-from importlib import resources
 
+from mecheval.evaluation.shipped import shipped_rows
 from mecheval.tasks import make_task
 
 WIDTHS = (16, 32, 64, 128, 256)
@@ -34,9 +32,8 @@ _SETTINGS = {
 @functools.cache
 def _accuracies() -> dict[str, dict[str, tuple[float, ...]]]:
     """figure -> {arch: accuracies at WIDTHS}, from study_accuracies.csv beside this module."""
-    text = resources.files(__package__).joinpath("study_accuracies.csv").read_text()
     table: dict[str, dict[str, tuple[float, ...]]] = {}
-    for row in csv.DictReader(io.StringIO(text)):
+    for row in shipped_rows("study_accuracies.csv"):
         accuracies = tuple(float(row[f"d{width}"]) for width in WIDTHS)
         table.setdefault(row["figure"], {})[row["arch"]] = accuracies
     return table
