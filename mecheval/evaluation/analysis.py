@@ -48,10 +48,13 @@ def key_grid(path: str | Path) -> pd.DataFrame:
     return grid.drop(columns=[c for c in IDENTITY if c in grid])
 
 
-def seed_siblings(run: pd.Series, results: pd.DataFrame) -> pd.DataFrame:
-    """Evaluated runs of the same configuration as `run` (task instance, run length, model,
-    learning rate) but another seed, `run` included."""
-    same = results["evaluated"]
+def seed_siblings(
+    run: pd.Series, results: pd.DataFrame, evaluated_only: bool = True
+) -> pd.DataFrame:
+    """Runs of the same configuration as `run` (task instance, run length, model, learning
+    rate) but another seed, `run` included; only evaluated ones unless `evaluated_only` is
+    False."""
+    same = results["evaluated"] if evaluated_only else pd.Series(True, index=results.index)
     for column in ("task_label", "steps", "arch", "d_model", "n_layers", "lr"):
         same &= results[column] == run[column]
     return results[same]

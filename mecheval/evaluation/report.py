@@ -39,6 +39,7 @@ from mecheval.evaluation.analysis import (
     formation_steps,
     key_grid,
     over_training_table,
+    seed_siblings,
 )
 from mecheval.evaluation.das_tables import (
     KSTAR_SHARE,
@@ -117,6 +118,19 @@ def with_study_accuracy(frame: pd.DataFrame) -> pd.DataFrame:
         values.append(hit[0] if hit else float("nan"))
         figures.append(hit[1] if hit else "")
     return frame.assign(study=values, study_figure=figures)
+
+
+def with_seed_spread(frame: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
+    """`frame` (selected runs) plus, over every finished seed of each one's configuration
+    (mecheval.evaluation.analysis.seed_siblings): `seeds`, and the dev accuracy's mean, lowest
+    and highest."""
+    spreads = []
+    for _, run in frame.iterrows():
+        dev = seed_siblings(run, results, evaluated_only=False)["dev_accuracy"]
+        spreads.append(
+            {"seeds": len(dev), "dev_mean": dev.mean(), "dev_min": dev.min(), "dev_max": dev.max()}
+        )
+    return pd.concat([frame, pd.DataFrame(spreads, index=frame.index)], axis=1)
 
 
 def corruption_note(best: pd.DataFrame) -> str:
@@ -281,7 +295,8 @@ def _findings_note(t: _Tables) -> str:
 def _sections(t: _Tables) -> list[tuple[str, str, pd.DataFrame]]:
     """The report's sections: title, note, table."""
     columns = [*MODEL, "lr", "seed", "dev_accuracy", "test_accuracy", "steps", "task_label"]
-    accuracy = with_study_accuracy(t.best[columns]).drop(columns=["task_label"])
+    accuracy = with_seed_spread(with_study_accuracy(t.best[columns]), t.results)
+    accuracy = accuracy.drop(columns=["task_label"])
     mechanism_note = (
         f"{corruption_note(t.best)} Intervals: 95% bootstrap over documents (and over seeds, "
         f"marked, where a configuration ran with several). The `mechanism` label is mecheval's "
@@ -292,7 +307,8 @@ def _sections(t: _Tables) -> list[tuple[str, str, pd.DataFrame]]:
         f"{len(t.best)} model(s), each the best of its learning rates among the "
         f"{len(t.results)} finished run(s) of the {len(t.folders)} run folder(s). `study`: the "
         "study's dev accuracy at its best learning rate for the same setting, read off its "
-        "figure (+-0.02 to 0.05), where it reports one."
+        "figure (+-0.02 to 0.05), where it reports one. `seeds`: the finished runs of the "
+        "same configuration (seeds), over which `dev_mean`, `dev_min` and `dev_max` are taken."
     )
     folders_note = (
         "Every run folder found: finished, diverged (at the first non-finite step), failed, "
