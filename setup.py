@@ -31,13 +31,16 @@ setup(
     extras_require={
         # CUDA peers, compared against in benchmarks; they need a CUDA toolchain to build.
         "gpu": ["causal-conv1d>=1.4", "mamba-ssm>=2.2", "flash-attn>=2.5"],
-        # pyvene: DAS's swap is checked against its rotated-space intervention.
+        # pyvene: DAS's swap is checked against its rotated-space intervention. Its transformers
+        # stays below 5.25, which requires Hugging Face's `kernels` distribution: that installs a
+        # top-level `kernels` too, and transformers then imports ours in its place and fails.
         "test": [
             "pytest>=7",
             "pytest-xdist>=3",
             "pytest-benchmark>=4",
             "hypothesis>=6",
             "pyvene>=0.1.8",
+            "transformers<5.25",
         ],
         "dist": ["ray>=2.9"],
         "dev": ["ruff>=0.5"],
