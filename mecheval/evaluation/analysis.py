@@ -48,16 +48,19 @@ def key_grid(path: str | Path) -> pd.DataFrame:
     return grid.drop(columns=[c for c in IDENTITY if c in grid])
 
 
-def seed_siblings(
-    run: pd.Series, results: pd.DataFrame, evaluated_only: bool = True
-) -> pd.DataFrame:
+def same_configuration(run: pd.Series, results: pd.DataFrame) -> pd.DataFrame:
     """Runs of the same configuration as `run` (task instance, run length, model, learning
-    rate) but another seed, `run` included; only evaluated ones unless `evaluated_only` is
-    False."""
-    same = results["evaluated"] if evaluated_only else pd.Series(True, index=results.index)
+    rate), whatever their seed, `run` included."""
+    same = pd.Series(True, index=results.index)
     for column in ("task_label", "steps", "arch", "d_model", "n_layers", "lr"):
         same &= results[column] == run[column]
     return results[same]
+
+
+def seed_siblings(run: pd.Series, results: pd.DataFrame) -> pd.DataFrame:
+    """The evaluated runs of `run`'s configuration (same_configuration), `run` included."""
+    runs = same_configuration(run, results)
+    return runs[runs["evaluated"]]
 
 
 def evidence_table(best: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:

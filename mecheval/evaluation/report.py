@@ -39,7 +39,7 @@ from mecheval.evaluation.analysis import (
     formation_steps,
     key_grid,
     over_training_table,
-    seed_siblings,
+    same_configuration,
 )
 from mecheval.evaluation.das_tables import (
     KSTAR_SHARE,
@@ -122,11 +122,11 @@ def with_study_accuracy(frame: pd.DataFrame) -> pd.DataFrame:
 
 def with_seed_spread(frame: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
     """`frame` (selected runs) plus, over every finished seed of each one's configuration
-    (mecheval.evaluation.analysis.seed_siblings): `seeds`, and the dev accuracy's mean, lowest
-    and highest."""
+    (mecheval.evaluation.analysis.same_configuration): `seeds`, and the dev accuracy's mean,
+    lowest and highest."""
     spreads = []
     for _, run in frame.iterrows():
-        dev = seed_siblings(run, results, evaluated_only=False)["dev_accuracy"]
+        dev = same_configuration(run, results)["dev_accuracy"]
         spreads.append(
             {"seeds": len(dev), "dev_mean": dev.mean(), "dev_min": dev.min(), "dev_max": dev.max()}
         )
