@@ -1,5 +1,6 @@
 """Tables the report draws from evaluated runs.
 
+    seed_runs(best, results)        every evaluated seed of the selected runs' configurations
     evidence_table(best, results)   read-outs of each selected run, with bootstrap intervals over
                                     its documents and, where the configuration ran with several
                                     seeds, over seeds too; plus layer-0 short-conv read-outs
@@ -63,6 +64,14 @@ def seed_siblings(run: pd.Series, results: pd.DataFrame) -> pd.DataFrame:
     return runs[runs["evaluated"]]
 
 
+def seed_runs(best: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
+    """Every evaluated seed of each selected run's configuration (seed_siblings), once each."""
+    if best.empty:
+        return best
+    runs = pd.concat([seed_siblings(run, results) for _, run in best.iterrows()])
+    return runs.drop_duplicates(subset="run").reset_index(drop=True)
+
+
 def evidence_table(best: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
     """One row per selected run: identity, dev_accuracy, the read-outs with `_low`/`_high`
     (documents resampled), `_seeds_low`/`_seeds_high` and `seeds` when its configuration has
@@ -74,6 +83,8 @@ def evidence_table(best: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
             k: run[k]
             for k in ("task", "setting", "arch", "d_model", "n_layers", "lr", "dev_accuracy")
         }
+        if "seed" in run:
+            row["seed"] = run["seed"]
         if "study_scale" in run:
             row["study_scale"] = bool(run["study_scale"])
         if not run["evaluated"]:

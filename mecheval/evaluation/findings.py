@@ -1,7 +1,8 @@
 """The study's five findings, checked against a set of evaluated runs.
 
-    findings_table(evidence) -> one row per finding: claim, the study's numbers, ours, verdict,
-                                and the smallest setting mecheval's runs showed it in
+    findings_table(evidence, seeds) -> one row per finding: claim, the study's numbers, ours,
+                                       verdict, and the smallest setting mecheval's runs
+                                       showed it in
 
 `evidence` has one row per selected 2-layer model (the report's best learning rate per task
 setting, architecture and width): task name ("ar" or "atr"), setting (the task with its
@@ -9,7 +10,10 @@ options and the run's length, e.g. "ar(), 50,016 steps": mecheval.evaluation.rep
 task_setting), arch, d_model, dev_accuracy, the read-outs (induction, direct_early,
 direct_late, with `_low` / `_high` bootstrap bounds when present), mechanism, and for models
 with a short conv its layer-0 output read-outs (conv_value+1, conv_value+2). For each
-architecture a finding looks at its most accurate width.
+architecture a finding looks at its most accurate width. `seeds` (optional, the same columns
+plus `seed`) has the evidence rows of every evaluated seed of the selected configurations: a
+model then behaves as the study found only if it does so in most of its seeds (2 of 3; 2 of 2),
+and `ours` says in which.
 
 A finding is judged in each task setting of its task separately (a toy AR task and the
 study's own are not mixed), and `ours` lists every setting's outcome. Verdicts, computed,
@@ -55,7 +59,7 @@ PRECEDENCE = (REPRODUCED, NOT_REPRODUCED, NOT_AT_SCALE, NOT_RUN)
 class Finding:
     claim: str
     study: str
-    check: Callable[[pd.DataFrame], tuple[str, str]]
+    check: Callable[..., tuple[str, str]]  # (evidence, seeds=None) -> (ours, verdict)
 
 
 def _best(evidence: pd.DataFrame, task: str, arch: str) -> pd.Series | None:
@@ -96,59 +100,96 @@ def _not_run(task: str, missing: list[str]) -> tuple[str, str]:
     return f"no (evaluated) {task.upper()} run of {', '.join(missing)}", NOT_RUN
 
 
-def _induction(task: str, archs: tuple[str, ...]):
-    def check(evidence):
-        rows, missing = _gather(evidence, task, archs)
+# How each named model must behave for a finding to hold (one predicate per architecture).
+Behaviour = Callable[[pd.Series], bool]
+SAME_RUN = ("setting", "task", "arch", "d_model", "n_layers", "lr")
+
+
+def _solves_by(*mechanisms: str) -> Behaviour:
+    return lambda r: r["dev_accuracy"] >= SOLVES and r["mechanism"] in mechanisms
+
+
+def _solves_by_direct_with_conv(r: pd.Series) -> bool:
+    conv = [r.get(c) for c in ("conv_value+1", "conv_value+2")]
+    conv = [c for c in conv if c is not None and not pd.isna(c)]
+    return _solves_by(*DIRECT)(r) and bool(conv) and max(conv) >= CONV_CARRIES
+
+
+def _fails(r: pd.Series) -> bool:
+    return r["dev_accuracy"] < FAILS
+
+
+def _solves(r: pd.Series) -> bool:
+    return r["dev_accuracy"] >= SOLVES
+
+
+def _seed_runs(row: pd.Series, seeds: pd.DataFrame | None) -> pd.DataFrame:
+    """The evidence rows of every seed of `row`'s configuration (`row` alone without them)."""
+    if seeds is None or seeds.empty:
+        return pd.DataFrame([row])
+    same = pd.Series(True, index=seeds.index)
+    for column in SAME_RUN:
+        if column in seeds and column in row:
+            same &= seeds[column] == row[column]
+    return seeds[same] if same.any() else pd.DataFrame([row])
+
+
+def _held(row: pd.Series, behaves: Behaviour, seeds: pd.DataFrame | None) -> tuple[bool, str]:
+    """Whether the configuration behaves so in most of its seeds, and which seeds do."""
+    runs = _seed_runs(row, seeds)
+    held = [bool(behaves(r)) for _, r in runs.iterrows()]
+    if len(runs) == 1:
+        return held[0], ""
+    seeds_held = (
+        [int(s) for s, h in zip(runs["seed"], held, strict=True) if h] if "seed" in runs else []
+    )
+    which = f" ({', '.join(map(str, seeds_held))})" if seeds_held else ""
+    return 2 * sum(held) > len(held), f" [as found in {sum(held)} of {len(held)} seeds{which}]"
+
+
+def _check(task: str, behaviours: dict[str, Behaviour], scores=(), evaluated=True, conv=""):
+    """A finding on `task`: each architecture behaves as its predicate says, in the majority of
+    its selected configuration's seeds (`seeds`: their evidence rows; without them, the
+    selected run alone). `conv` names the architecture whose layer-0 conv read-outs `ours`
+    adds."""
+
+    def check(evidence, seeds=None):
+        rows, missing = _gather(evidence, task, tuple(behaviours), evaluated)
         if missing:
             return _not_run(task, missing)
-        ok = all(
-            r["dev_accuracy"] >= SOLVES and r["mechanism"] == "induction" for r in rows.values()
-        )
-        ours = "; ".join(_describe(r, "induction", *DIRECT) for r in rows.values())
+        ok, parts = True, []
+        for arch, behaves in behaviours.items():
+            held, which = _held(rows[arch], behaves, seeds)
+            ok = ok and held
+            parts.append(_describe(rows[arch], *scores) + which)
+        ours = "; ".join(parts)
+        if conv:
+            ours += f"; {conv} layer-0 conv output: " + ", ".join(
+                _score(rows[conv], c) for c in ("conv_value+1", "conv_value+2")
+            )
         return ours, REPRODUCED if ok else NOT_REPRODUCED
 
     return check
+
+
+def _induction(task: str, archs: tuple[str, ...]):
+    return _check(task, dict.fromkeys(archs, _solves_by("induction")), ("induction", *DIRECT))
 
 
 def _fail(task: str, archs: tuple[str, ...]):
     """`archs` fail the task where attention solves it (a setting no model learns, too short a
     run, says nothing of what fails)."""
-
-    def check(evidence):
-        rows, missing = _gather(evidence, task, (*archs, LEARNABLE_BY), evaluated=False)
-        if missing:
-            return _not_run(task, missing)
-        ok = all(rows[a]["dev_accuracy"] < FAILS for a in archs)
-        ok = ok and rows[LEARNABLE_BY]["dev_accuracy"] >= SOLVES
-        ours = "; ".join(_describe(r) for r in rows.values())
-        return ours, REPRODUCED if ok else NOT_REPRODUCED
-
-    return check
+    behaviours = {**dict.fromkeys(archs, _fails), LEARNABLE_BY: _solves}
+    return _check(task, behaviours, evaluated=False)
 
 
-def _direct_and_conv(evidence):
-    rows, missing = _gather(evidence, "ar", ("mamba", "deltanet"))
-    if missing:
-        return _not_run("ar", missing)
-    ok = all(r["dev_accuracy"] >= SOLVES and r["mechanism"] in DIRECT for r in rows.values())
-    mamba = rows["mamba"]
-    conv = [mamba.get(c) for c in ("conv_value+1", "conv_value+2")]
-    conv = [c for c in conv if c is not None and not pd.isna(c)]
-    ok = ok and bool(conv) and max(conv) >= CONV_CARRIES
-    ours = "; ".join(_describe(r, "induction", *DIRECT) for r in rows.values())
-    ours += "; mamba layer-0 conv output: " + ", ".join(
-        _score(mamba, c) for c in ("conv_value+1", "conv_value+2")
-    )
-    return ours, REPRODUCED if ok else NOT_REPRODUCED
-
-
-def _noconv_atr_induction(evidence):
-    rows, missing = _gather(evidence, "atr", ("attention", "based", "mamba_noconv"))
-    if missing:
-        return _not_run("atr", missing)
-    ok = all(r["dev_accuracy"] >= SOLVES and r["mechanism"] == "induction" for r in rows.values())
-    ours = "; ".join(_describe(r, "induction", *DIRECT) for r in rows.values())
-    return ours, REPRODUCED if ok else NOT_REPRODUCED
+_direct_and_conv = _check(
+    "ar",
+    {"mamba": _solves_by_direct_with_conv, "deltanet": _solves_by(*DIRECT)},
+    ("induction", *DIRECT),
+    conv="mamba",
+)
+_noconv_atr_induction = _induction("atr", ("attention", "based", "mamba_noconv"))
 
 
 FINDINGS = (
@@ -203,7 +244,7 @@ def smallest_settings() -> dict[int, tuple[str, str]]:
     return {int(row["finding"]): (row["setting"], row["config"]) for row in rows}
 
 
-def findings_table(evidence: pd.DataFrame) -> pd.DataFrame:
+def findings_table(evidence: pd.DataFrame, seeds: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per finding: finding (1..5), claim, study, ours, verdict, smallest_setting (the
     smallest setting mecheval's runs showed it in, and its config; `smallest_settings`)."""
     rows = []
@@ -217,7 +258,7 @@ def findings_table(evidence: pd.DataFrame) -> pd.DataFrame:
         outcomes = []
         for setting in settings or [None]:
             part = evidence if setting is None else evidence[evidence["setting"] == setting]
-            ours, verdict = finding.check(part)
+            ours, verdict = finding.check(part, seeds)
             small = "study_scale" in part and not part["study_scale"].fillna(False).all()
             if verdict == NOT_REPRODUCED and small:
                 verdict = NOT_AT_SCALE

@@ -40,6 +40,7 @@ from mecheval.evaluation.analysis import (
     key_grid,
     over_training_table,
     same_configuration,
+    seed_runs,
 )
 from mecheval.evaluation.das_tables import (
     KSTAR_SHARE,
@@ -258,6 +259,7 @@ def _tables(path: Path) -> _Tables:
         raise FileNotFoundError(f"no finished run under {path}{found}")
     best = best_runs(results)
     evidence = evidence_table(best, results)
+    seeds = evidence_table(seed_runs(best, results), results)
     over = over_training_table(best)
     das = das_results(results)
     return _Tables(
@@ -265,7 +267,7 @@ def _tables(path: Path) -> _Tables:
         results=results,
         best=best,
         evidence=evidence,
-        findings=findings_table(evidence[evidence["n_layers"] == 2]),
+        findings=findings_table(evidence[evidence["n_layers"] == 2], seeds),
         over=over,
         formation=formation_steps(over),
         distance=distance_table(best),

@@ -150,3 +150,22 @@ def test_every_findings_smallest_setting_is_one_its_config_trains():
         trained = {task_setting(to_dict(r.config.task), r.config.total_steps) for r in runs}
         assert setting in trained, (number, config, sorted(trained))
         assert table.set_index("finding").loc[number, "smallest_setting"] == f"{setting} ({config})"
+
+
+def test_with_seeds_a_model_behaves_as_found_only_in_most_of_them():
+    rows = [dict(r, lr=1e-2, seed=44) for r in STUDY_LIKE]
+    mamba = next(r for r in rows if r["arch"] == "mamba")
+    mamba["conv_value+1"] = 0.0  # the most accurate seed forms the association elsewhere
+    others = [dict(mamba, seed=s, dev_accuracy=0.75, **{"conv_value+1": 0.98}) for s in (42, 43)]
+    evidence = pd.DataFrame(rows)
+    alone = findings_table(evidence).set_index("finding")
+    assert alone.loc[3, "verdict"] == NOT_REPRODUCED  # judged on seed 44 alone
+    table = findings_table(evidence, pd.DataFrame([*rows, *others])).set_index("finding")
+    assert table.loc[3, "verdict"] == REPRODUCED
+    assert "[as found in 2 of 3 seeds (42, 43)]" in table.loc[3, "ours"]
+    assert "acc 0.81" in table.loc[3, "ours"]  # the selected (most accurate) seed is described
+    one_of_three = [others[0], dict(others[1], **{"conv_value+1": 0.1})]
+    table = findings_table(evidence, pd.DataFrame([*rows, *one_of_three])).set_index("finding")
+    assert table.loc[3, "verdict"] == NOT_REPRODUCED
+    assert "[as found in 1 of 3 seeds (42)]" in table.loc[3, "ours"]
+    assert (table.loc[[1, 2, 4, 5], "verdict"] == REPRODUCED).all()  # single-seed models as before

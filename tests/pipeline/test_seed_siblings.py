@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from mecheval.evaluation.analysis import seed_siblings
+from mecheval.evaluation.analysis import seed_runs, seed_siblings
 from mecheval.evaluation.report import with_seed_spread
 
 
@@ -24,6 +24,8 @@ def test_seed_siblings_share_everything_but_the_seed():
     )
     assert list(seed_siblings(results.iloc[0], results)["run"]) == ["a", "b"]
     assert list(seed_siblings(results.iloc[3], results)["run"]) == ["d"]
+    # The findings judge each selected run over these: every evaluated seed, each run once.
+    assert list(seed_runs(results.iloc[[1, 0, 4]], results)["run"]) == ["a", "b", "e"]
 
 
 def test_the_accuracy_table_gives_each_configuration_its_spread_over_finished_seeds():
