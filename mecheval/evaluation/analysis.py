@@ -3,7 +3,7 @@
     seed_runs(best, results)        every evaluated seed of the selected runs' configurations
     evidence_table(best, results)   read-outs of each selected run, with bootstrap intervals over
                                     its documents and, where the configuration ran with several
-                                    seeds, over seeds too; plus layer-0 short-conv read-outs
+                                    seeds, over seeds too; plus each layer's short-conv read-outs
     over_training_table(best)       the read-outs of every kept checkpoint
                                     (mecheval.evaluation.over_training)
     formation_steps(table)          per run: the first step each mechanism reaches 0.5
@@ -75,8 +75,8 @@ def seed_runs(best: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
 def evidence_table(best: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
     """One row per selected run: identity, dev_accuracy, the read-outs with `_low`/`_high`
     (documents resampled), `_seeds_low`/`_seeds_high` and `seeds` when its configuration has
-    several evaluated seeds (runs and documents resampled), mechanism, and conv_<position>
-    read-outs (with bounds) for models with a layer-0 short conv."""
+    several evaluated seeds (runs and documents resampled), mechanism, and for models with
+    short convs their read-outs (with bounds; conv_readouts)."""
     rows = []
     for _, run in best.iterrows():
         row = {
@@ -103,16 +103,25 @@ def evidence_table(best: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
                 if name in many:
                     row[f"{name}_seeds_low"] = many.get(f"{name}_low")
                     row[f"{name}_seeds_high"] = many.get(f"{name}_high")
-        conv = grid[(grid["layer"] == 0) & (grid["site"] == "conv_output")]
-        if not conv.empty:
-            cells = attrib_intervals(conv, reps=BOOTSTRAP_REPS).set_index("position")
-            for position in CONV_POSITIONS:
-                if position in cells.index:
-                    for suffix, column in (("", "attrib"), ("_low", "attrib_low")):
-                        row[f"conv_{position}{suffix}"] = cells.loc[position, column]
-                    row[f"conv_{position}_high"] = cells.loc[position, "attrib_high"]
+        row.update(conv_readouts(grid))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def conv_readouts(grid: pd.DataFrame) -> dict[str, float]:
+    """Attrib (with bounds) of each layer's short-conv output at the value and the two positions
+    after it: `conv_<position>` for layer 0, `conv_l<layer>_<position>` for deeper layers."""
+    row = {}
+    conv = grid[grid["site"] == "conv_output"]
+    for layer, cells in conv.groupby("layer"):
+        prefix = "conv_" if layer == 0 else f"conv_l{int(layer)}_"
+        cells = attrib_intervals(cells, reps=BOOTSTRAP_REPS).set_index("position")
+        for position in CONV_POSITIONS:
+            if position in cells.index:
+                row[f"{prefix}{position}"] = cells.loc[position, "attrib"]
+                row[f"{prefix}{position}_low"] = cells.loc[position, "attrib_low"]
+                row[f"{prefix}{position}_high"] = cells.loc[position, "attrib_high"]
+    return row
 
 
 def over_training_table(best: pd.DataFrame) -> pd.DataFrame:

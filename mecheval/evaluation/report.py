@@ -16,7 +16,7 @@ Contents:
   input at the value (induction), the query (direct retrieval, early) and the key (direct,
   late), each with a 95% bootstrap interval over documents (and over seeds where the
   configuration ran with several), and the label these give;
-- the read-outs inside a layer-0 short conv (its output at value, value+1, value+2);
+- the read-outs inside each layer's short conv (its output at value, value+1, value+2);
 - mechanisms over training: when each read-out first reaches 0.5, and a plot;
 - accuracy and read-outs by key-to-query distance;
 - Attrib heatmaps of each selected run, and a value-vs-query scatter.
@@ -334,8 +334,9 @@ def _sections(t: _Tables) -> list[tuple[str, str, pd.DataFrame]]:
             mechanism_display(t.evidence),
         ),
         (
-            "Inside the layer-0 short conv (Attrib of its output, key corrupted)",
-            "The study finds Mamba's association in its short conv after the value.",
+            "Inside the short convs (Attrib of their output, key corrupted)",
+            "conv_<position> is layer 0's conv, conv_l<layer>_<position> a deeper one's. The "
+            "study finds Mamba's association in its layer-0 short conv after the value.",
             conv_display(t.evidence),
         ),
         (

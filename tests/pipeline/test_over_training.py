@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from mecheval.evaluation.analysis import conv_readouts
 from mecheval.evaluation.evaluate import EXAMPLES, evaluate_run
 from mecheval.evaluation.over_training import _conv_readouts, evaluate_over_training
 from mecheval.interventions import attrib, readout
@@ -60,6 +61,36 @@ def test_conv_readouts_are_the_attrib_of_the_conv_cells():
     assert set(got) == {"conv_value", "conv_value+1", "conv_value+2"}
     for position in ("value", "value+1", "value+2"):
         assert got[f"conv_{position}"] == pytest.approx(cells.loc[position, "attrib"])
+
+
+def test_the_reports_conv_readouts_name_each_layers_conv():
+    rng = np.random.default_rng(1)
+    rows = []
+    for example in range(40):
+        po, pc = rng.uniform(0.5, 1), rng.uniform(0, 0.2)
+        for layer, carried_at in ((0, "value+1"), (1, "value")):
+            for position in ("value", "value+1", "value+2"):
+                fraction = 0.95 if position == carried_at else 0.0
+                rows.append(
+                    {
+                        "example": example,
+                        "layer": layer,
+                        "site": "conv_output",
+                        "position": position,
+                        "p_original": po,
+                        "p_corrupted": pc,
+                        "p_restored": pc + fraction * (po - pc) + rng.normal(0, 0.02),
+                        "position_index": 0,
+                        "logit_restored": 0.0,
+                        "kl": 0.0,
+                    }
+                )
+    got = conv_readouts(pd.DataFrame(rows))
+    assert got["conv_value+1"] == pytest.approx(0.95, abs=0.03)  # layer 0 keeps its old names
+    assert got["conv_l1_value"] == pytest.approx(0.95, abs=0.03)
+    assert abs(got["conv_value"]) < 0.03 and abs(got["conv_l1_value+1"]) < 0.03
+    for name in ("conv_value+1", "conv_l1_value"):
+        assert got[f"{name}_low"] <= got[name] <= got[f"{name}_high"]
 
 
 def test_documents_record_distance_and_correctness(trained):
