@@ -73,15 +73,15 @@ def seed_runs(best: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
 
 
 def evidence_table(best: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
-    """One row per selected run: identity, dev_accuracy, the read-outs with `_low`/`_high`
+    """One row per given run: identity, dev_accuracy, the read-outs with `_low`/`_high`
     (documents resampled), `_seeds_low`/`_seeds_high` and `seeds` when its configuration has
-    several evaluated seeds (runs and documents resampled), mechanism, and for models with
-    short convs their read-outs (with bounds; conv_readouts)."""
-    rows = []
+    several evaluated seeds (runs and documents resampled; once per configuration), mechanism,
+    and for models with short convs their read-outs (with bounds; conv_readouts)."""
+    rows, pooled_by_seeds = [], {}
     for _, run in best.iterrows():
         row = {
             k: run[k]
-            for k in ("task", "setting", "arch", "d_model", "n_layers", "lr", "dev_accuracy")
+            for k in ("run", "task", "setting", "arch", "d_model", "n_layers", "lr", "dev_accuracy")
         }
         if "seed" in run:
             row["seed"] = run["seed"]
@@ -96,9 +96,14 @@ def evidence_table(best: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
         seeds = seed_siblings(run, results)
         row["seeds"] = len(seeds)
         if len(seeds) > 1:
-            grids = [key_grid(r.path).assign(run=r.run) for r in seeds.itertuples()]
-            pooled = pd.concat(grids, ignore_index=True)
-            many = readout(pooled, intervals=True, cluster="run", reps=BOOTSTRAP_REPS).iloc[0]
+            key = tuple(seeds["run"])
+            if key not in pooled_by_seeds:
+                grids = [key_grid(r.path).assign(run=r.run) for r in seeds.itertuples()]
+                pooled = pd.concat(grids, ignore_index=True)
+                pooled_by_seeds[key] = readout(
+                    pooled, intervals=True, cluster="run", reps=BOOTSTRAP_REPS
+                ).iloc[0]
+            many = pooled_by_seeds[key]
             for name in READOUTS:
                 if name in many:
                     row[f"{name}_seeds_low"] = many.get(f"{name}_low")

@@ -141,7 +141,9 @@ def _held(row: pd.Series, behaves: Behaviour, seeds: pd.DataFrame | None) -> tup
     if len(runs) == 1:
         return held[0], ""
     seeds_held = (
-        [int(s) for s, h in zip(runs["seed"], held, strict=True) if h] if "seed" in runs else []
+        sorted(int(s) for s, h in zip(runs["seed"], held, strict=True) if h)
+        if "seed" in runs
+        else []
     )
     which = f" ({', '.join(map(str, seeds_held))})" if seeds_held else ""
     return 2 * sum(held) > len(held), f" [as found in {sum(held)} of {len(held)} seeds{which}]"

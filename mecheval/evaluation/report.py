@@ -258,8 +258,10 @@ def _tables(path: Path) -> _Tables:
         found = f" ({len(folders)} run folders: {status_counts(folders)})" if len(folders) else ""
         raise FileNotFoundError(f"no finished run under {path}{found}")
     best = best_runs(results)
-    evidence = evidence_table(best, results)
-    seeds = evidence_table(seed_runs(best, results), results)
+    # One pass over the selected runs and every evaluated seed of their configurations.
+    seeds = seed_runs(best, results)
+    table = evidence_table(pd.concat([best, seeds]).drop_duplicates(subset="run"), results)
+    evidence = table[table["run"].isin(best["run"])].reset_index(drop=True)
     over = over_training_table(best)
     das = das_results(results)
     return _Tables(
@@ -267,7 +269,9 @@ def _tables(path: Path) -> _Tables:
         results=results,
         best=best,
         evidence=evidence,
-        findings=findings_table(evidence[evidence["n_layers"] == 2], seeds),
+        findings=findings_table(
+            evidence[evidence["n_layers"] == 2], table[table["run"].isin(seeds["run"])]
+        ),
         over=over,
         formation=formation_steps(over),
         distance=distance_table(best),
