@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mecheval.evaluation.over_training import CONV_POSITIONS
+from mecheval.evaluation.over_training import CONV_POSITIONS, conv_column
 from mecheval.interventions import attrib_intervals, readout
 from mecheval.interventions.scores import MECHANISMS
 from mecheval.run_folder.files import EXAMPLES, INTERVENTIONS, OVER_TRAINING, read_table
@@ -119,13 +119,13 @@ def conv_readouts(grid: pd.DataFrame) -> dict[str, float]:
     row = {}
     conv = grid[grid["site"] == "conv_output"]
     for layer, cells in conv.groupby("layer"):
-        prefix = "conv_" if layer == 0 else f"conv_l{int(layer)}_"
         cells = attrib_intervals(cells, reps=BOOTSTRAP_REPS).set_index("position")
         for position in CONV_POSITIONS:
             if position in cells.index:
-                row[f"{prefix}{position}"] = cells.loc[position, "attrib"]
-                row[f"{prefix}{position}_low"] = cells.loc[position, "attrib_low"]
-                row[f"{prefix}{position}_high"] = cells.loc[position, "attrib_high"]
+                name = conv_column(layer, position)
+                row[name] = cells.loc[position, "attrib"]
+                row[f"{name}_low"] = cells.loc[position, "attrib_low"]
+                row[f"{name}_high"] = cells.loc[position, "attrib_high"]
     return row
 
 
@@ -143,7 +143,8 @@ def over_training_table(best: pd.DataFrame) -> pd.DataFrame:
 
 def formation_steps(table: pd.DataFrame, threshold: float = 0.5) -> pd.DataFrame:
     """Per run: the first kept step at which each read-out reaches `threshold` (NaN: never),
-    and which came first: induction or direct retrieval."""
+    which came first: induction or direct retrieval, and the first step at which a short
+    conv's read-out does (`conv_from`; `conv_at` names that read-out, the highest there)."""
     if table.empty:
         return table
     rows = []
@@ -162,12 +163,24 @@ def formation_steps(table: pd.DataFrame, threshold: float = 0.5) -> pd.DataFrame
             row["first"] = "induction"
         else:
             row["first"] = "same step"
+        row.update(_conv_formation(part, threshold))
         row["run"] = run
         rows.append(row)
     frame = pd.DataFrame(rows)
-    for name in READOUTS:
+    for name in (*READOUTS, "conv"):
         frame[f"{name}_from"] = frame[f"{name}_from"].astype("Int64")
     return frame
+
+
+def _conv_formation(part: pd.DataFrame, threshold: float) -> dict:
+    """The first step of `part` (one run's checkpoints, in step order) at which a short-conv
+    read-out reaches `threshold`, and which one (the highest at that step)."""
+    names = [c for c in part if c.startswith("conv_") and part[c].notna().any()]
+    reached = part[(part[names] >= threshold).any(axis=1)] if names else part.iloc[:0]
+    if reached.empty:
+        return {"conv_from": np.nan, "conv_at": None}
+    first = reached.iloc[0]
+    return {"conv_from": float(first["step"]), "conv_at": first[names].astype(float).idxmax()}
 
 
 def distance_table(best: pd.DataFrame, bins: int = 4) -> pd.DataFrame:

@@ -8,8 +8,9 @@ keeps them), on the read-out cells only, which makes it cheap: the key corrupted
 - 2-layer models: layer 1's block input at key, value and query (direct late, induction,
   direct early);
 - other depths: each layer's mixer output at the query;
-- models with a layer-0 short conv (Mamba, ...): its output at value, value+1 and value+2
-  (`conv_value`, `conv_value+1`, `conv_value+2`), where the study finds Mamba's association.
+- models with short convs (Mamba, ...): each conv's output at value, value+1 and value+2,
+  where the study finds Mamba's association (layer 0's conv: `conv_value`, `conv_value+1`,
+  `conv_value+2`; a deeper layer L's: `conv_l<L>_value`, ...; `conv_column` names them).
 One row per checkpoint: step, accuracy on the evaluation documents, the read-outs and the
 mechanism label. A damaged checkpoint is left out with a warning naming it. A run already
 evaluated with the same settings and checkpoints is skipped.
@@ -37,6 +38,12 @@ from mecheval.run_folder.files import CHECKPOINTS, OVER_TRAINING, OVER_TRAINING_
 from mecheval.run_folder.weights import load_trained_model
 
 CONV_POSITIONS = ("value", "value+1", "value+2")
+READOUT_CELLS_VERSION = 2  # 2: every layer's short conv (1 read layer 0's only)
+
+
+def conv_column(layer: int, position: str) -> str:
+    """The read-out name of layer `layer`'s short-conv output at `position`."""
+    return f"conv_{position}" if layer == 0 else f"conv_l{int(layer)}_{position}"
 
 
 def readout_grids(
@@ -59,13 +66,15 @@ def readout_grids(
             memory_budget=memory_budget,
         )
     ]
-    if "layers.0.conv_output" in model.site_names():
+    names = set(model.site_names())
+    conv_layers = [layer for layer in range(depth) if f"layers.{layer}.conv_output" in names]
+    if conv_layers:
         grids.append(
             interchange_grid(
                 model,
                 batch,
                 corrupted,
-                layers=[0],
+                layers=conv_layers,
                 sites=["conv_output"],
                 positions=list(CONV_POSITIONS),
                 memory_budget=memory_budget,
@@ -75,18 +84,19 @@ def readout_grids(
 
 
 def _conv_readouts(grid: pd.DataFrame) -> dict[str, float]:
-    cells = grid[(grid["layer"] == 0) & (grid["site"] == "conv_output")]
-    if cells.empty:
-        return {}
-    means = cells.groupby("position")[["p_original", "p_corrupted", "p_restored"]].mean()
+    """Attrib (point estimate) of each layer's short-conv output at the conv positions."""
+    cells = grid[grid["site"] == "conv_output"]
+    keys = ["layer", "position"]
+    means = cells.groupby(keys)[["p_original", "p_corrupted", "p_restored"]].mean()
     out = {}
-    for position in CONV_POSITIONS:
-        if position in means.index:
-            m = means.loc[position]
-            effect = m["p_original"] - m["p_corrupted"]
-            out[f"conv_{position}"] = (
-                (m["p_restored"] - m["p_corrupted"]) / effect if effect > 0.01 else float("nan")
-            )
+    for layer in sorted(set(cells["layer"])):
+        for position in CONV_POSITIONS:
+            if (layer, position) in means.index:
+                m = means.loc[(layer, position)]
+                effect = m["p_original"] - m["p_corrupted"]
+                out[conv_column(layer, position)] = (
+                    (m["p_restored"] - m["p_corrupted"]) / effect if effect > 0.01 else float("nan")
+                )
     return out
 
 
@@ -115,7 +125,12 @@ def evaluate_over_training(
         checkpoints.append((step, path))
     if not checkpoints:
         raise FileNotFoundError(f"{run_dir} has no intact checkpoint")
-    settings = {"split": split, "seed": seed, "steps": [step for step, _ in checkpoints]}
+    settings = {
+        "split": split,
+        "seed": seed,
+        "steps": [step for step, _ in checkpoints],
+        "cells": READOUT_CELLS_VERSION,
+    }
     stored = files.read_stamp(run_dir, OVER_TRAINING_STAMP)
     if (run_dir / OVER_TRAINING).exists() and not force and stored == settings:
         try:
@@ -128,7 +143,7 @@ def evaluate_over_training(
         batch = task.dataset(split, size=config.task.eval_size).to(device)
         corrupted = task.corrupt(batch, at="key", seed=seed)
         grid = readout_grids(model, batch, corrupted, memory_budget=memory_budget)
-        main = grid[~((grid["layer"] == 0) & (grid["site"] == "conv_output"))]
+        main = grid[grid["site"] != "conv_output"]
         scores = readout(main).iloc[0].to_dict()
         row = {"step": step, "accuracy": float(document_records(model, batch)["correct"].mean())}
         row.update(scores)

@@ -345,8 +345,8 @@ def _sections(t: _Tables) -> list[tuple[str, str, pd.DataFrame]]:
         ),
         (
             "Mechanisms over training",
-            "First kept checkpoint at which each read-out reaches 0.5, and which mechanism "
-            "came first.",
+            "First kept checkpoint at which each read-out reaches 0.5, which mechanism came "
+            "first, and the first at which a short conv's read-out does (conv_at: which one).",
             t.formation,
         ),
         ("Accuracy and read-outs by key-to-query distance", "", t.distance),

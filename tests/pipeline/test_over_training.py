@@ -36,13 +36,15 @@ def test_every_kept_checkpoint_has_a_row_and_the_last_equals_the_full_grid(train
     assert evaluate_over_training(run).equals(table)
 
 
-def test_conv_readouts_are_the_attrib_of_the_conv_cells():
+def test_conv_readouts_are_the_attrib_of_each_layers_conv_cells():
     rng = np.random.default_rng(0)
     rows = []
+    cells_of = ((0, "conv_output"), (1, "conv_output"), (1, "block_input"))
     for example in range(30):
         po, pc = rng.uniform(0.5, 1), rng.uniform(0, 0.2)
         for position, fraction in (("value", 0.1), ("value+1", 0.9), ("value+2", 0.5)):
-            for layer, site in ((0, "conv_output"), (1, "block_input")):
+            for layer, site in cells_of:
+                fraction = 1 - fraction if layer == 1 else fraction
                 rows.append(
                     {
                         "example": example,
@@ -57,10 +59,54 @@ def test_conv_readouts_are_the_attrib_of_the_conv_cells():
     grid = pd.DataFrame(rows)
     got = _conv_readouts(grid)
     cells = attrib(grid.assign(position_index=0, logit_restored=0.0, kl=0.0))
-    cells = cells[cells["site"] == "conv_output"].set_index("position")
-    assert set(got) == {"conv_value", "conv_value+1", "conv_value+2"}
-    for position in ("value", "value+1", "value+2"):
-        assert got[f"conv_{position}"] == pytest.approx(cells.loc[position, "attrib"])
+    cells = cells[cells["site"] == "conv_output"].set_index(["layer", "position"])
+    positions = ("value", "value+1", "value+2")
+    assert set(got) == {f"conv_{p}" for p in positions} | {f"conv_l1_{p}" for p in positions}
+    for position in positions:
+        assert got[f"conv_{position}"] == pytest.approx(cells.loc[(0, position), "attrib"])
+        assert got[f"conv_l1_{position}"] == pytest.approx(cells.loc[(1, position), "attrib"])
+    assert got["conv_value+1"] > 0.8 and got["conv_l1_value"] > 0.8
+
+
+def test_the_readout_grid_covers_every_layers_short_conv():
+    from mecheval.evaluation.over_training import readout_grids
+    from mecheval.models import build_model
+    from mecheval.tasks import make_task
+
+    task = make_task("ar", num_pairs=4, num_keys=16)
+    batch = task.sample(8, seed=0, split="dev")
+    model = build_model("mamba", task.vocab_size, 16, max_len=batch.tokens.shape[1]).eval()
+    grid = readout_grids(model, batch, task.corrupt(batch, at="key", seed=0))
+    conv = grid[grid["site"] == "conv_output"]
+    assert set(zip(conv["layer"], conv["position"], strict=True)) == {
+        (layer, position) for layer in (0, 1) for position in ("value", "value+1", "value+2")
+    }
+    assert set(grid[grid["site"] != "conv_output"]["site"]) == {"block_input"}
+
+
+def test_formation_steps_name_the_conv_that_forms_the_association_first():
+    from mecheval.evaluation.analysis import formation_steps
+
+    table = pd.DataFrame(
+        {
+            "run": "r",
+            "setting": "s",
+            "arch": "mamba",
+            "d_model": 64,
+            "step": [5000, 10000, 15000],
+            "induction": [0.0, 0.0, 0.0],
+            "direct_early": [0.1, 0.2, 0.3],
+            "direct_late": [0.1, 0.6, 0.97],
+            "conv_value+1": [0.0, 0.1, 0.0],
+            "conv_l1_value": [0.2, 0.7, 0.97],
+        }
+    )
+    row = formation_steps(table).iloc[0]
+    assert row["direct_late_from"] == 10000 and pd.isna(row["induction_from"])
+    assert row["first"] == "direct retrieval"
+    assert row["conv_from"] == 10000 and row["conv_at"] == "conv_l1_value"
+    no_conv = formation_steps(table.drop(columns=["conv_value+1", "conv_l1_value"])).iloc[0]
+    assert pd.isna(no_conv["conv_from"]) and no_conv["conv_at"] is None
 
 
 def test_the_reports_conv_readouts_name_each_layers_conv():
