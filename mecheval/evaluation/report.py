@@ -200,7 +200,8 @@ def _markdown(frame: pd.DataFrame) -> str:
             shown[column] = shown[column].map(lambda v: "" if pd.isna(v) else f"{v:.3f}")
 
     def cell(value) -> str:  # one line, no column break (error messages hold both)
-        text = "" if value is None or value is pd.NA else str(value)
+        missing = value is None or value is pd.NA or (isinstance(value, float) and value != value)
+        text = "" if missing else str(value)
         return " ".join(text.split()).replace("|", "\\|")
 
     header = "| " + " | ".join(map(str, shown.columns)) + " |"

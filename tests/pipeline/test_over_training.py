@@ -178,3 +178,11 @@ def test_report_has_findings_over_training_and_distance(trained):
     evidence = pd.read_parquet(out / "evidence.parquet").iloc[0]
     assert evidence["induction_low"] <= evidence["induction"] <= evidence["induction_high"]
     assert "induction " in text and "[" in text  # read-outs printed with their intervals
+
+
+def test_the_reports_tables_leave_missing_text_blank():
+    from mecheval.evaluation.report import _markdown
+
+    frame = pd.DataFrame({"conv_from": [5000.0, np.nan], "conv_at": ["conv_value", np.nan]})
+    lines = _markdown(frame).splitlines()
+    assert lines[2] == "| 5000.000 | conv_value |" and lines[3] == "|  |  |"
