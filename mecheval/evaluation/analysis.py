@@ -21,7 +21,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mecheval.evaluation.over_training import CONV_POSITIONS, conv_column
+from mecheval.evaluation.over_training import (
+    CONV_POSITIONS,
+    CONV_SITES,
+    conv_column,
+    parse_conv_column,
+)
 from mecheval.interventions import attrib_intervals, readout
 from mecheval.interventions.scores import MECHANISMS
 from mecheval.run_folder.files import EXAMPLES, INTERVENTIONS, OVER_TRAINING, read_table
@@ -114,15 +119,15 @@ def evidence_table(best: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
 
 
 def conv_readouts(grid: pd.DataFrame) -> dict[str, float]:
-    """Attrib (with bounds) of each layer's short-conv output at the value and the two positions
-    after it: `conv_<position>` for layer 0, `conv_l<layer>_<position>` for deeper layers."""
+    """Attrib (with bounds) of each short conv's output at the value and the two positions
+    after it, named by `conv_column` (`conv_value+1`, `conv_l1_value`, `k_conv_value`, ...)."""
     row = {}
-    conv = grid[grid["site"] == "conv_output"]
-    for layer, cells in conv.groupby("layer"):
+    conv = grid[grid["site"].isin(CONV_SITES)]
+    for (site, layer), cells in conv.groupby(["site", "layer"]):
         cells = attrib_intervals(cells, reps=BOOTSTRAP_REPS).set_index("position")
         for position in CONV_POSITIONS:
             if position in cells.index:
-                name = conv_column(layer, position)
+                name = conv_column(layer, position, site)
                 row[name] = cells.loc[position, "attrib"]
                 row[f"{name}_low"] = cells.loc[position, "attrib_low"]
                 row[f"{name}_high"] = cells.loc[position, "attrib_high"]
@@ -175,7 +180,7 @@ def formation_steps(table: pd.DataFrame, threshold: float = 0.5) -> pd.DataFrame
 def _conv_formation(part: pd.DataFrame, threshold: float) -> dict:
     """The first step of `part` (one run's checkpoints, in step order) at which a short-conv
     read-out reaches `threshold`, and which one (the highest at that step)."""
-    names = [c for c in part if c.startswith("conv_") and part[c].notna().any()]
+    names = [c for c in part if parse_conv_column(c) and part[c].notna().any()]
     reached = part[(part[names] >= threshold).any(axis=1)] if names else part.iloc[:0]
     if reached.empty:
         return {"conv_from": np.nan, "conv_at": None}

@@ -8,9 +8,10 @@ keeps them), on the read-out cells only, which makes it cheap: the key corrupted
 - 2-layer models: layer 1's block input at key, value and query (direct late, induction,
   direct early);
 - other depths: each layer's mixer output at the query;
-- models with short convs (Mamba, ...): each conv's output at value, value+1 and value+2,
-  where the study finds Mamba's association (layer 0's conv: `conv_value`, `conv_value+1`,
-  `conv_value+2`; a deeper layer L's: `conv_l<L>_value`, ...; `conv_column` names them).
+- models with short convs (Mamba's and Based's one conv, DeltaNet's q, k and v convs): each
+  conv's output at value, value+1 and value+2, where the study finds Mamba's association
+  (`conv_value+1` for layer 0's conv, `conv_l1_value` for layer 1's, `k_conv_value` for
+  layer 0's key conv; `conv_column` names them).
 One row per checkpoint: step, accuracy on the evaluation documents, the read-outs and the
 mechanism label. A damaged checkpoint is left out with a warning naming it. A run already
 evaluated with the same settings and checkpoints is skipped.
@@ -18,6 +19,7 @@ evaluated with the same settings and checkpoints is skipped.
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
@@ -38,12 +40,24 @@ from mecheval.run_folder.files import CHECKPOINTS, OVER_TRAINING, OVER_TRAINING_
 from mecheval.run_folder.weights import load_trained_model
 
 CONV_POSITIONS = ("value", "value+1", "value+2")
-READOUT_CELLS_VERSION = 2  # 2: every layer's short conv (1 read layer 0's only)
+CONV_SITES = ("conv_output", "q_conv_output", "k_conv_output", "v_conv_output")
+READOUT_CELLS_VERSION = 3  # 3: every short conv of every layer (1: layer 0's conv only)
+_CONV_COLUMN = re.compile(r"^((?:[qkv]_)?conv)_(?:l(\d+)_)?(value(?:\+\d+)?)$")
 
 
-def conv_column(layer: int, position: str) -> str:
-    """The read-out name of layer `layer`'s short-conv output at `position`."""
-    return f"conv_{position}" if layer == 0 else f"conv_l{int(layer)}_{position}"
+def conv_column(layer: int, position: str, site: str = "conv_output") -> str:
+    """The read-out name of a short conv's output at `position`: `conv_value+1` for layer 0's
+    conv, `conv_l1_value` for layer 1's, `k_conv_value` for layer 0's key conv (DeltaNet)."""
+    prefix = site.removesuffix("_output")
+    return f"{prefix}_{position}" if layer == 0 else f"{prefix}_l{int(layer)}_{position}"
+
+
+def parse_conv_column(name: str) -> tuple[str, int, str] | None:
+    """(site, layer, position) of a `conv_column` name; None for any other column."""
+    match = _CONV_COLUMN.match(name)
+    if match is None:
+        return None
+    return f"{match[1]}_output", int(match[2] or 0), match[3]
 
 
 def readout_grids(
@@ -67,36 +81,35 @@ def readout_grids(
         )
     ]
     names = set(model.site_names())
-    conv_layers = [layer for layer in range(depth) if f"layers.{layer}.conv_output" in names]
-    if conv_layers:
-        grids.append(
-            interchange_grid(
-                model,
-                batch,
-                corrupted,
-                layers=conv_layers,
-                sites=["conv_output"],
-                positions=list(CONV_POSITIONS),
-                memory_budget=memory_budget,
+    for site in CONV_SITES:
+        conv_layers = [layer for layer in range(depth) if f"layers.{layer}.{site}" in names]
+        if conv_layers:
+            grids.append(
+                interchange_grid(
+                    model,
+                    batch,
+                    corrupted,
+                    layers=conv_layers,
+                    sites=[site],
+                    positions=list(CONV_POSITIONS),
+                    memory_budget=memory_budget,
+                )
             )
-        )
     return pd.concat(grids, ignore_index=True)
 
 
 def _conv_readouts(grid: pd.DataFrame) -> dict[str, float]:
-    """Attrib (point estimate) of each layer's short-conv output at the conv positions."""
-    cells = grid[grid["site"] == "conv_output"]
-    keys = ["layer", "position"]
+    """Attrib (point estimate) of each short conv's output at the conv positions."""
+    cells = grid[grid["site"].isin(CONV_SITES)]
+    keys = ["site", "layer", "position"]
     means = cells.groupby(keys)[["p_original", "p_corrupted", "p_restored"]].mean()
     out = {}
-    for layer in sorted(set(cells["layer"])):
-        for position in CONV_POSITIONS:
-            if (layer, position) in means.index:
-                m = means.loc[(layer, position)]
-                effect = m["p_original"] - m["p_corrupted"]
-                out[conv_column(layer, position)] = (
-                    (m["p_restored"] - m["p_corrupted"]) / effect if effect > 0.01 else float("nan")
-                )
+    for (site, layer, position), m in means.iterrows():
+        if position in CONV_POSITIONS:
+            effect = m["p_original"] - m["p_corrupted"]
+            out[conv_column(layer, position, site)] = (
+                (m["p_restored"] - m["p_corrupted"]) / effect if effect > 0.01 else float("nan")
+            )
     return out
 
 
@@ -143,7 +156,7 @@ def evaluate_over_training(
         batch = task.dataset(split, size=config.task.eval_size).to(device)
         corrupted = task.corrupt(batch, at="key", seed=seed)
         grid = readout_grids(model, batch, corrupted, memory_budget=memory_budget)
-        main = grid[grid["site"] != "conv_output"]
+        main = grid[~grid["site"].isin(CONV_SITES)]
         scores = readout(main).iloc[0].to_dict()
         row = {"step": step, "accuracy": float(document_records(model, batch)["correct"].mean())}
         row.update(scores)

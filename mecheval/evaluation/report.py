@@ -50,6 +50,7 @@ from mecheval.evaluation.das_tables import (
     k_star_table,
 )
 from mecheval.evaluation.findings import findings_table
+from mecheval.evaluation.over_training import CONV_POSITIONS, parse_conv_column
 from mecheval.evaluation.plots import heatmap, iia_vs_k, over_training, value_vs_query
 from mecheval.evaluation.study_numbers import at_study_scale, study_accuracy
 from mecheval.interventions import MECHANISM_THRESHOLD, attrib
@@ -173,7 +174,7 @@ def mechanism_display(evidence: pd.DataFrame) -> pd.DataFrame:
     if evidence.empty or "mechanism" not in evidence:
         return pd.DataFrame()
     shown = evidence[evidence["mechanism"].notna()]
-    names = [c for c in shown if f"{c}_low" in shown and not c.startswith("conv_")]
+    names = [c for c in shown if f"{c}_low" in shown and parse_conv_column(c) is None]
     columns = {c: shown[c] for c in ("setting", "arch", "d_model", "n_layers", "dev_accuracy")}
     columns.update({name: _with_interval(shown, name) for name in names})
     columns["mechanism"] = shown["mechanism"]
@@ -182,13 +183,31 @@ def mechanism_display(evidence: pd.DataFrame) -> pd.DataFrame:
 
 
 def conv_display(evidence: pd.DataFrame) -> pd.DataFrame:
-    names = [c for c in evidence if c.startswith("conv_") and f"{c}_low" in evidence]
-    if not names:
+    """One row per evaluated run and short conv (in run, layer, conv order): its read-outs at
+    the value and the two positions after it, with their intervals."""
+    convs = {}  # (site, layer) -> {position: column}
+    for name in evidence:
+        parsed = parse_conv_column(name)
+        if parsed and f"{name}_low" in evidence:
+            site, layer, position = parsed
+            convs.setdefault((layer, site), {})[position] = name
+    frames = []
+    for (layer, site), columns in sorted(convs.items()):
+        shown = evidence.dropna(subset=list(columns.values()), how="all")
+        if shown.empty:
+            continue
+        frame = shown[["setting", "arch", "d_model", "dev_accuracy"]].copy()
+        frame["run_order"] = shown.index
+        frame["layer"] = layer
+        frame["conv"] = site.removesuffix("_output")
+        for position in CONV_POSITIONS:
+            name = columns.get(position)
+            frame[position] = _with_interval(shown, name) if name else ""
+        frames.append(frame)
+    if not frames:
         return pd.DataFrame()
-    shown = evidence.dropna(subset=names, how="all")
-    columns = {c: shown[c] for c in ("setting", "arch", "d_model", "dev_accuracy")}
-    columns.update({name: _with_interval(shown, name) for name in names})
-    return pd.DataFrame(columns)
+    table = pd.concat(frames).sort_values(["run_order", "layer", "conv"], kind="stable")
+    return table.drop(columns=["run_order"]).reset_index(drop=True)
 
 
 def _markdown(frame: pd.DataFrame) -> str:
@@ -340,8 +359,10 @@ def _sections(t: _Tables) -> list[tuple[str, str, pd.DataFrame]]:
         ),
         (
             "Inside the short convs (Attrib of their output, key corrupted)",
-            "conv_<position> is layer 0's conv, conv_l<layer>_<position> a deeper one's. The "
-            "study finds Mamba's association in its layer-0 short conv after the value.",
+            "One row per run and short conv (conv: Mamba's, Based's and Mamba-2's one conv; "
+            "q_conv, k_conv, v_conv: DeltaNet's three), Attrib at the value and the two "
+            "positions after it. The study finds Mamba's association in its layer-0 short conv "
+            "after the value.",
             conv_display(t.evidence),
         ),
         (

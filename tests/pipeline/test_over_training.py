@@ -10,7 +10,12 @@ import pytest
 
 from mecheval.evaluation.analysis import conv_readouts
 from mecheval.evaluation.evaluate import EXAMPLES, evaluate_run
-from mecheval.evaluation.over_training import _conv_readouts, evaluate_over_training
+from mecheval.evaluation.over_training import (
+    _conv_readouts,
+    conv_column,
+    evaluate_over_training,
+    parse_conv_column,
+)
 from mecheval.interventions import attrib, readout
 
 IDENTITY = ["run", "arch", "d_model", "n_layers", "lr", "task", "accuracy", "corruption"]
@@ -82,6 +87,16 @@ def test_the_readout_grid_covers_every_layers_short_conv():
         (layer, position) for layer in (0, 1) for position in ("value", "value+1", "value+2")
     }
     assert set(grid[grid["site"] != "conv_output"]["site"]) == {"block_input"}
+    model = build_model("deltanet", task.vocab_size, 16, max_len=batch.tokens.shape[1]).eval()
+    grid = readout_grids(model, batch, task.corrupt(batch, at="key", seed=0))
+    convs = {"q_conv_output", "k_conv_output", "v_conv_output"}
+    assert set(grid["site"]) == convs | {"block_input"}
+    assert set(_conv_readouts(grid)) == {
+        conv_column(layer, position, site)
+        for site in convs
+        for layer in (0, 1)
+        for position in ("value", "value+1", "value+2")
+    }
 
 
 def test_formation_steps_name_the_conv_that_forms_the_association_first():
@@ -131,12 +146,31 @@ def test_the_reports_conv_readouts_name_each_layers_conv():
                         "kl": 0.0,
                     }
                 )
-    got = conv_readouts(pd.DataFrame(rows))
+    key_conv = [dict(row, site="k_conv_output", layer=0) for row in rows if row["layer"] == 1]
+    got = conv_readouts(pd.DataFrame(rows + key_conv))
     assert got["conv_value+1"] == pytest.approx(0.95, abs=0.03)  # layer 0 keeps its old names
     assert got["conv_l1_value"] == pytest.approx(0.95, abs=0.03)
+    assert got["k_conv_value"] == pytest.approx(0.95, abs=0.03)  # DeltaNet's key conv
     assert abs(got["conv_value"]) < 0.03 and abs(got["conv_l1_value+1"]) < 0.03
-    for name in ("conv_value+1", "conv_l1_value"):
+    for name in ("conv_value+1", "conv_l1_value", "k_conv_value"):
         assert got[f"{name}_low"] <= got[name] <= got[f"{name}_high"]
+    for name in ("conv_value+1", "conv_l1_value", "k_conv_value", "q_conv_l1_value+2"):
+        site, layer, position = parse_conv_column(name)
+        assert conv_column(layer, position, site) == name
+    assert parse_conv_column("conv_value_low") is None
+    assert parse_conv_column("direct_early") is None
+
+    from mecheval.evaluation.report import conv_display
+
+    identity = {"setting": "ar()", "arch": "mix", "d_model": 64, "dev_accuracy": 0.9}
+    table = conv_display(pd.DataFrame([identity | got]))
+    assert list(zip(table["layer"], table["conv"], strict=True)) == [
+        (0, "conv"),
+        (0, "k_conv"),
+        (1, "conv"),
+    ]
+    assert table["value+1"].iloc[0].startswith("0.9") and "[" in table["value+1"].iloc[0]
+    assert table["value"].iloc[1].startswith("0.9")
 
 
 def test_documents_record_distance_and_correctness(trained):
