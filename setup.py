@@ -1,6 +1,7 @@
-"""Packaging for mecheval: the `kernels` library (Triton ops with PyTorch fallbacks) and the
-`mecheval` package (tasks, models, training, interventions). CPU-only machines install
-everything but the `gpu` extra; nothing here needs a CUDA toolchain."""
+"""Packaging for mecheval: the kernel library (Triton ops with PyTorch fallbacks; folder kernels/,
+imported as `mecheval_kernels`, a name no other distribution takes) and the `mecheval` package
+(tasks, models, training, interventions). CPU-only machines install everything but the `gpu` extra;
+nothing here needs a CUDA toolchain."""
 
 from pathlib import Path
 
@@ -13,7 +14,11 @@ setup(
     long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["kernels", "kernels.*", "mecheval", "mecheval.*"]),
+    packages=[
+        *find_packages(include=["mecheval", "mecheval.*"]),
+        *(f"mecheval_{name}" for name in find_packages(include=["kernels", "kernels.*"])),
+    ],
+    package_dir={"mecheval_kernels": "kernels"},
     # The main job's default, configs/quickstart.yaml, ships inside the package (through the
     # link mecheval/quickstart.yaml), so that an installed mecheval finds it too.
     package_data={"mecheval": ["quickstart.yaml", "evaluation/*.csv"]},
@@ -31,16 +36,14 @@ setup(
     extras_require={
         # CUDA peers, compared against in benchmarks; they need a CUDA toolchain to build.
         "gpu": ["causal-conv1d>=1.4", "mamba-ssm>=2.2", "flash-attn>=2.5"],
-        # pyvene: DAS's swap is checked against its rotated-space intervention. Its transformers
-        # stays below 5.25, which requires Hugging Face's `kernels` distribution: that installs a
-        # top-level `kernels` too, and transformers then imports ours in its place and fails.
+        # pyvene: DAS's swap is checked against its rotated-space intervention.
         "test": [
             "pytest>=7",
             "pytest-xdist>=3",
             "pytest-benchmark>=4",
             "hypothesis>=6",
             "pyvene>=0.1.8",
-            "transformers<5.25",
+            "transformers>=4.45",
         ],
         "dist": ["ray>=2.9"],
         "dev": ["ruff>=0.5"],

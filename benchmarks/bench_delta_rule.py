@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import DEVICE, DTYPE, installed, run_benchmark
-from kernels import chunk_delta_rule
-from kernels.delta_rule import delta_rule_ref, op
+from mecheval_kernels import chunk_delta_rule
+from mecheval_kernels.delta_rule import delta_rule_ref, op
 
 SHAPES = {
     "model B32 T37 H1 K=V=64": (32, 37, 1, 64, 64),

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import DEVICE, DTYPE, installed, run_benchmark
-from kernels import chunk_gated_delta_rule
-from kernels.gated_delta_rule import gated_delta_rule_ref
+from mecheval_kernels import chunk_gated_delta_rule
+from mecheval_kernels.gated_delta_rule import gated_delta_rule_ref
 
 SHAPES = {
     "model B32 T37 H1 K=V=64": (32, 37, 1, 64, 64),

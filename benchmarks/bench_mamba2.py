@@ -1,4 +1,4 @@
-"""Mamba-2's scan (kernels.mamba2_scan): forward and forward+backward, ours vs the per-step
+"""Mamba-2's scan (mecheval_kernels.mamba2_scan): forward and forward+backward, ours vs the per-step
 reference and vs Mamba-2 run as a selective scan (the alternative it was measured against).
 
 On CPU (fp32): ours is the chunked SSD path (backend "torch"); "as selective scan" is the same
@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from benchmarks.common import DEVICE, DTYPE, installed, run_benchmark
-from kernels import mamba2_scan
-from kernels.ssd import mamba2_scan_ref
-from kernels.ssd.chunked import Inputs
-from kernels.ssd.op import on_selective_scan
+from mecheval_kernels import mamba2_scan
+from mecheval_kernels.ssd import mamba2_scan_ref
+from mecheval_kernels.ssd.chunked import Inputs
+from mecheval_kernels.ssd.op import on_selective_scan
 
 # name -> (batch, length, heads, head dim, groups, state)
 SHAPES = {

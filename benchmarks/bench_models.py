@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
+import mecheval_kernels
 from benchmarks.common import DEVICE, sync
 from mecheval.layers import attention
 from mecheval.models import ARCHITECTURES, build_model
@@ -78,7 +78,7 @@ def test_training_step(benchmark, arch, d_model, impl):
     )
 
     def step():
-        with kernels.use_backend(backend), autocast, sdpa_only:
+        with mecheval_kernels.use_backend(backend), autocast, sdpa_only:
             logits = forward(tokens, positions=query)
             loss = F.cross_entropy(logits.float(), answer)
         loss.backward()

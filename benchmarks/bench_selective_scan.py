@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from benchmarks.common import DEVICE, DTYPE, installed, run_benchmark
-from kernels import selective_scan_fn
-from kernels.selective_scan import selective_scan_ref
+from mecheval_kernels import selective_scan_fn
+from mecheval_kernels.selective_scan import selective_scan_ref
 
 if DEVICE.type == "cuda":
     SHAPES = {

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import DEVICE, DTYPE, installed, run_benchmark
-from kernels import causal_conv1d_fn
-from kernels.short_conv import causal_conv1d_ref
+from mecheval_kernels import causal_conv1d_fn
+from mecheval_kernels.short_conv import causal_conv1d_ref
 
 SHAPES = {"model B32 D128 L37 W4": (32, 128, 37, 4), "long B8 D2048 L4096 W4": (8, 2048, 4096, 4)}
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
+import mecheval_kernels
 from benchmarks.common import DEVICE, sync
 from mecheval.models import ARCHITECTURES, build_model
 from mecheval.train.stacked import StackedAdamW, StackedModels
@@ -81,7 +81,7 @@ def _stacked(models):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_stacked_step(benchmark, arch, d_model, impl, k):
     backend = "triton" if DEVICE.type == "cuda" else "torch"
-    with kernels.use_backend(backend):
+    with mecheval_kernels.use_backend(backend):
         models = _models(arch, d_model, k)
         step = (_stacked if impl == "ours (stacked)" else _one_at_a_time)(models)
         benchmark.group = f"training step of {k} models, {arch} d{d_model}"

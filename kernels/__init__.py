@@ -8,22 +8,41 @@
 
 and, beyond the peers, any of the four scans at positions (the states after given positions,
 the output at one position per row, a state patched inside the scan), returning one `ScanAt`
-whatever is asked (kernels.positions):
+whatever is asked (mecheval_kernels.positions):
 
     at_positions(scan, *scan's arguments, states_at=, out_at=, state_patch=,
                  return_final_state=)
 
-This package imports torch and triton only, never mecheval.
+This package imports torch and triton only, never mecheval. It lives in the folder kernels/ and
+imports as `mecheval_kernels`: the name `kernels` belongs to Hugging Face's distribution, which
+transformers requires.
 """
 
-from kernels.backend import get_backend, set_backend, use_backend
-from kernels.delta_rule import chunk_delta_rule
-from kernels.gated_delta_rule import chunk_gated_delta_rule
-from kernels.positions import at_positions
-from kernels.scan_at import ScanAt
-from kernels.selective_scan import selective_scan_fn
-from kernels.short_conv import causal_conv1d_fn
-from kernels.ssd import mamba2_scan
+if __name__ == "kernels":
+    # This folder, found by its name because a checkout's root is on sys.path (pytest, or
+    # Python started there): hand the name to the `kernels` installed elsewhere, if any.
+    import importlib.machinery
+    import importlib.util
+    import os
+    import sys
+
+    _checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    _elsewhere = [p for p in sys.path if os.path.abspath(p or os.curdir) != _checkout]
+    _spec = importlib.machinery.PathFinder.find_spec("kernels", _elsewhere)
+    if _spec is None:
+        raise ImportError("mecheval's kernel library imports as mecheval_kernels, not kernels")
+    _module = importlib.util.module_from_spec(_spec)
+    sys.modules["kernels"] = _module
+    _spec.loader.exec_module(_module)
+else:
+    from mecheval_kernels.backend import get_backend, set_backend, use_backend
+    from mecheval_kernels.delta_rule import chunk_delta_rule
+    from mecheval_kernels.gated_delta_rule import chunk_gated_delta_rule
+    from mecheval_kernels.positions import at_positions
+    from mecheval_kernels.scan_at import ScanAt
+    from mecheval_kernels.selective_scan import selective_scan_fn
+    from mecheval_kernels.short_conv import causal_conv1d_fn
+    from mecheval_kernels.ssd import mamba2_scan
 
 __all__ = [
     "ScanAt",

@@ -1,5 +1,5 @@
 """A kernel launch's compile-time parameters, written once: the host code launches with them and
-the Hopper compile check (kernels.compile_check) compiles exactly them."""
+the Hopper compile check (mecheval_kernels.compile_check) compiles exactly them."""
 
 from __future__ import annotations
 

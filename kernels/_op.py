@@ -22,10 +22,10 @@ from collections.abc import Callable
 
 import torch
 
-from kernels.backend import resolve_backend
-from kernels.layout import match_layout
-from kernels.stacking import is_batched
-from kernels.validation import allowed_dtypes, check_same_device, check_tensor
+from mecheval_kernels.backend import resolve_backend
+from mecheval_kernels.layout import match_layout
+from mecheval_kernels.stacking import is_batched
+from mecheval_kernels.validation import allowed_dtypes, check_same_device, check_tensor
 
 _SCHEMA_TYPES = {
     torch.Tensor: "Tensor",
@@ -61,7 +61,7 @@ def _custom_op(name: str, fn: Callable, fake: Callable, inputs: list[str], outpu
 
 
 class Op:
-    """One op: its forward and backward custom ops (`kernels::<name>_fwd`, `_bwd`) and the
+    """One op: its forward and backward custom ops (`mecheval_kernels::<name>_fwd`, `_bwd`) and the
     autograd glue between them.
 
     Args:
@@ -76,9 +76,9 @@ class Op:
         fake: fake(a, backend) -> the forward's outputs as empty tensors (for torch.compile).
         outputs: how many outputs the forward returns, of which the last `saved` are buffers
             for the backward (not differentiable).
-        fold: how the op runs under `torch.vmap` (stacked models): see kernels.stacking.
-        name: the custom ops' name (`kernels::<name>_fwd`); None: the package's last part (ops
-            that share their implementations, as the delta-rule family's, name theirs apart).
+        fold: how the op runs under `torch.vmap` (stacked models): see mecheval_kernels.stacking.
+        name: the custom ops' name (`mecheval_kernels::<name>_fwd`); None: the package's last part
+            (ops that share their implementations, as the delta-rule family's, name theirs apart).
     """
 
     def __init__(
@@ -92,7 +92,7 @@ class Op:
         self.tensors = [f for f in args._fields if hints[f] in (torch.Tensor, torch.Tensor | None)]
         grads = [f"Tensor? grad{i}" for i in range(outputs - saved)]
         kept = [f"Tensor saved{i}" for i in range(saved)]
-        name = f"kernels::{name or package.rsplit('.', 1)[-1]}"
+        name = f"mecheval_kernels::{name or package.rsplit('.', 1)[-1]}"
         self._fwd = _custom_op(f"{name}_fwd", self._forward, self._fake_forward, fields, outputs)
         self._bwd = _custom_op(
             f"{name}_bwd",
@@ -139,7 +139,7 @@ class Op:
 
     def _vmap(self, info, in_dims, *inputs):
         """The vmap rule: one call on the inputs with the model axis folded in (see
-        kernels.stacking), its outputs unfolded."""
+        mecheval_kernels.stacking), its outputs unfolded."""
         a = self.args(*inputs[:-1])
         folded, unfold = self.fold(a, self.args(*in_dims[:-1]), info.batch_size)
         outputs = self._fwd(*folded, inputs[-1])

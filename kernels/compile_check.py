@@ -8,7 +8,8 @@ with Triton, and reports registers, spilled bytes, shared memory and wgmma instr
 kernel over one block's shared-memory limit would fail to launch on the GPU, and a kernel that
 must not use wgmma (see Specialisation.allow_wgmma) fails the check if it does.
 
-    python -m kernels.compile_check [--ops short_conv selective_scan delta_rule gated_delta_rule]
+    python -m mecheval_kernels.compile_check [--ops short_conv selective_scan delta_rule
+    gated_delta_rule]
 
 Run with TRITON_INTERPRET unset (under the interpreter `triton.jit` builds no compilable
 kernel). Exits non-zero if anything fails to compile or exceeds the limit.
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels._launch import Launch
+from mecheval_kernels._launch import Launch
 
 # Largest shared memory one block may use on sm_90 (H100/H200): 227 KiB.
 SM90_MAX_SHARED = 232448
@@ -34,10 +35,10 @@ TRITON_DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "b
 # Each op's host-code module and the arguments of its `hopper_specialisations` (the gated delta
 # rule's kernels are the delta rule's, with the gate on).
 SPECIALISATIONS = {
-    "short_conv": ("kernels.short_conv.launch", {}),
-    "selective_scan": ("kernels.selective_scan.launch", {}),
-    "delta_rule": ("kernels.delta_rule.launch", {}),
-    "gated_delta_rule": ("kernels.delta_rule.launch", {"gated": True}),
+    "short_conv": ("mecheval_kernels.short_conv.launch", {}),
+    "selective_scan": ("mecheval_kernels.selective_scan.launch", {}),
+    "delta_rule": ("mecheval_kernels.delta_rule.launch", {}),
+    "gated_delta_rule": ("mecheval_kernels.delta_rule.launch", {"gated": True}),
 }
 OPS = tuple(SPECIALISATIONS)
 
@@ -53,7 +54,7 @@ class Specialisation:
             (states, partial sums); other `*_ptr` arguments take `dtype`.
         float_scalars: scalar arguments that are floats (others are int32).
         allow_wgmma: whether the kernel may use Hopper's wgmma instructions (the delta rule's
-            may not: see kernels.delta_rule.common.CHUNK).
+            may not: see mecheval_kernels.delta_rule.common.CHUNK).
     """
 
     launch: Launch

@@ -6,10 +6,10 @@ from a scan beyond the drop-in itself, from one call that returns `ScanAt` whate
 
 `scan` is one of the drop-ins
 
-    kernels.selective_scan_fn        Mamba's selective scan
-    kernels.mamba2_scan              Mamba-2's scan
-    kernels.chunk_delta_rule         the delta rule
-    kernels.chunk_gated_delta_rule   the gated delta rule
+    mecheval_kernels.selective_scan_fn        Mamba's selective scan
+    mecheval_kernels.mamba2_scan              Mamba-2's scan
+    mecheval_kernels.chunk_delta_rule         the delta rule
+    mecheval_kernels.chunk_gated_delta_rule   the gated delta rule
 
 and `*args, **kwargs` are its own arguments, as it takes them (`backend` included). Beyond them:
 
@@ -30,9 +30,9 @@ packed-sequence arguments (`seq_idx`, `cu_seqlens`, `return_varlen_states`, `hea
 anything but their defaults, as the drop-ins refuse them.
 
 Gradients flow to every tensor input and to the patch values. A patch is exact: each scan is
-affine in its state (kernels.scan_at.patch_by_jump). What runs where: each op's at.py
-(kernels.selective_scan.at, kernels.ssd.at, kernels.delta_rule.at, the last for both delta
-rules).
+affine in its state (mecheval_kernels.scan_at.patch_by_jump). What runs where: each op's at.py
+(mecheval_kernels.selective_scan.at, mecheval_kernels.ssd.at, mecheval_kernels.delta_rule.at, the
+last for both delta rules).
 """
 
 from __future__ import annotations
@@ -44,17 +44,17 @@ from typing import NamedTuple
 
 import torch
 
-from kernels.delta_rule.at import at_positions_of_delta_rule
-from kernels.delta_rule.op import OP as DELTA_RULE
-from kernels.delta_rule.op import chunk_delta_rule
-from kernels.gated_delta_rule.op import OP as GATED_DELTA_RULE
-from kernels.gated_delta_rule.op import chunk_gated_delta_rule
-from kernels.scan_at import Asked, ScanAt
-from kernels.selective_scan.at import at_positions_of_selective_scan
-from kernels.selective_scan.op import selective_scan_fn
-from kernels.ssd.at import at_positions_of_mamba2_scan
-from kernels.ssd.op import mamba2_scan
-from kernels.validation import refuse_unsupported
+from mecheval_kernels.delta_rule.at import at_positions_of_delta_rule
+from mecheval_kernels.delta_rule.op import OP as DELTA_RULE
+from mecheval_kernels.delta_rule.op import chunk_delta_rule
+from mecheval_kernels.gated_delta_rule.op import OP as GATED_DELTA_RULE
+from mecheval_kernels.gated_delta_rule.op import chunk_gated_delta_rule
+from mecheval_kernels.scan_at import Asked, ScanAt
+from mecheval_kernels.selective_scan.at import at_positions_of_selective_scan
+from mecheval_kernels.selective_scan.op import selective_scan_fn
+from mecheval_kernels.ssd.at import at_positions_of_mamba2_scan
+from mecheval_kernels.ssd.op import mamba2_scan
+from mecheval_kernels.validation import refuse_unsupported
 
 
 class Implementation(NamedTuple):
@@ -62,7 +62,7 @@ class Implementation(NamedTuple):
 
     Attributes:
         run: run(arguments, asked) -> ScanAt, on the drop-in's arguments by name and what
-            the call asks for (kernels.scan_at.Asked).
+            the call asks for (mecheval_kernels.scan_at.Asked).
         final_state_flag: the drop-in's own flag for returning its final state.
         unsupported: the drop-in's arguments that run only at one value: name -> that value.
     """
@@ -107,8 +107,9 @@ def at_positions(
     """`scan`, one of the recurrent drop-ins, at positions (see the module docstring).
 
     Args:
-        scan: kernels.selective_scan_fn, kernels.mamba2_scan, kernels.chunk_delta_rule or
-            kernels.chunk_gated_delta_rule.
+        scan: mecheval_kernels.selective_scan_fn, mecheval_kernels.mamba2_scan,
+        mecheval_kernels.chunk_delta_rule or
+            mecheval_kernels.chunk_gated_delta_rule.
         *args, **kwargs: `scan`'s own arguments, as it takes them (`backend` included).
         states_at: optional (B, P) integer positions; `states` is then (B, P, *state).
         out_at: optional (B,) integer positions; `out` then has a time axis of length 1.
@@ -147,7 +148,7 @@ def _implementation(scan: object) -> Implementation:
     for drop_in, implementation in IMPLEMENTATIONS.items():
         if scan is drop_in:
             return implementation
-    allowed = ", ".join(f"kernels.{drop_in.__name__}" for drop_in in IMPLEMENTATIONS)
+    allowed = ", ".join(f"mecheval_kernels.{drop_in.__name__}" for drop_in in IMPLEMENTATIONS)
     raise TypeError(f"at_positions: scan must be one of {allowed}, got {scan!r}")
 
 

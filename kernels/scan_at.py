@@ -1,4 +1,4 @@
-"""What the scans at positions share (kernels.positions.at_positions says what they do):
+"""What the scans at positions share (mecheval_kernels.positions.at_positions says what they do):
 `Asked`, what a call asks of one, `ScanAt`, the one named tuple each returns whatever is asked,
 `reference_result`, what the mamba-ssm-style references return, and `patch_by_jump`, a state
 patched inside a scan as the unpatched scan plus the scan of the jump.
@@ -17,7 +17,7 @@ import torch
 
 
 class Asked(NamedTuple):
-    """What a call asks of a scan at positions beyond its output (see kernels.positions).
+    """What a call asks of a scan at positions beyond its output (see mecheval_kernels.positions).
 
     Attributes:
         states_at: (B, P) integer positions whose states to return, or None.
@@ -33,7 +33,7 @@ class Asked(NamedTuple):
 
 
 class ScanAt(NamedTuple):
-    """What a scan at positions returns (see kernels.positions).
+    """What a scan at positions returns (see mecheval_kernels.positions).
 
     Attributes:
         out: the output, every position or (with `out_at`) one per row.

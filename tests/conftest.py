@@ -22,10 +22,10 @@ os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="mecheval-induct
 
 import pytest  # noqa: E402
 
-import kernels  # noqa: E402
+import mecheval_kernels  # noqa: E402
 
 if not HAS_CUDA:
-    kernels.set_backend("torch")
+    mecheval_kernels.set_backend("torch")
 
 # Test tensors are small: one thread per process is faster than two contending threads, and
 # pytest-xdist (`-n auto`) spreads the tests over the cores instead.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-import kernels
+import mecheval_kernels
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -19,7 +19,7 @@ def _examples() -> list[str]:
 def _run(source: str) -> dict:
     namespace: dict = {}
     # The tests turn on Triton's interpreter, which "auto" would pick for CPU tensors.
-    with kernels.use_backend("torch"):
+    with mecheval_kernels.use_backend("torch"):
         exec(compile(source, str(README), "exec"), namespace)
     return namespace
 
@@ -27,7 +27,7 @@ def _run(source: str) -> dict:
 def test_the_readme_has_its_two_examples():
     examples = _examples()
     assert len(examples) == 2
-    assert "import kernels" in examples[0] and "interchange_grid" in examples[1]
+    assert "import mecheval_kernels" in examples[0] and "interchange_grid" in examples[1]
 
 
 def test_the_kernels_example():

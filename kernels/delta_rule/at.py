@@ -1,6 +1,6 @@
 """`at_positions_of_delta_rule`: the scan at positions of either op of the delta-rule family, the
-delta rule or the gated delta rule (states after steps, the output at one step per row, a
-patched state; kernels.at_positions says what each means), and `scan_at`, the same on validated
+delta rule or the gated delta rule (states after steps, the output at one step per row, a patched
+state; mecheval_kernels.at_positions says what each means), and `scan_at`, the same on validated
 arguments."""
 
 from __future__ import annotations
@@ -9,18 +9,19 @@ import functools
 
 import torch
 
-from kernels._op import Op, needs_grad
-from kernels.delta_rule.op import DeltaArgs, checked, kernel_for
-from kernels.scan_at import Asked, ScanAt, patch_by_jump
-from kernels.validation import check_positions, check_state_patch, one_per_row
+from mecheval_kernels._op import Op, needs_grad
+from mecheval_kernels.delta_rule.op import DeltaArgs, checked, kernel_for
+from mecheval_kernels.scan_at import Asked, ScanAt, patch_by_jump
+from mecheval_kernels.validation import check_positions, check_state_patch, one_per_row
 
 
 def at_positions_of_delta_rule(op: Op, arguments: dict, asked: Asked) -> ScanAt:
     """The scan at positions of `op`, `chunk_delta_rule`'s or `chunk_gated_delta_rule`'s (see
-    kernels.at_positions).
+    mecheval_kernels.at_positions).
 
     Args:
-        op: the op of the family (kernels.delta_rule.op.OP, kernels.gated_delta_rule.op.OP).
+        op: the op of the family (mecheval_kernels.delta_rule.op.OP,
+            mecheval_kernels.gated_delta_rule.op.OP).
         arguments: the op's public function's arguments by name (q, k, v, g for the gated
             delta rule, beta, scale, initial_state, use_qk_l2norm_in_kernel, backend).
         asked: what to return beside the output; the state is (B, H, K, V) float32 (float64

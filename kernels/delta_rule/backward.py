@@ -26,7 +26,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.delta_rule.common import chunk_decays, chunk_rows, dot, dot_t, load_rows, state_program
+from mecheval_kernels.delta_rule.common import (
+    chunk_decays,
+    chunk_rows,
+    dot,
+    dot_t,
+    load_rows,
+    state_program,
+)
 
 
 @triton.jit

@@ -140,7 +140,7 @@ def chunk_decays(g_ptr, row_base, mask_t, C: tl.constexpr):
     """The decays of the chunk whose (B, T, H) rows are row_base: (e (C,), e_C (scalar), w (C,),
     Gamma (C, C), zero above the diagonal), float32. The kernels form them before they load the
     chunk's rows: formed after, the sm_90 compile of the state kernels spills several times
-    more at K = V = 256 in fp32 (kernels.compile_check)."""
+    more at K = V = 256 in fp32 (mecheval_kernels.compile_check)."""
     g = tl.load(g_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
     offs = tl.arange(0, C)
     rows = offs[:, None]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.delta_rule.common import (
+from mecheval_kernels.delta_rule.common import (
     chunk_decays,
     chunk_rows,
     dot,

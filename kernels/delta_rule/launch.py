@@ -15,16 +15,16 @@ from __future__ import annotations
 import torch
 import triton
 
-from kernels._launch import Launch
-from kernels.delta_rule.backward import chunk_grad_kernel, chunk_state_bwd_kernel
-from kernels.delta_rule.common import CHUNK, SUB_BLOCK
-from kernels.delta_rule.forward import (
+from mecheval_kernels._launch import Launch
+from mecheval_kernels.delta_rule.backward import chunk_grad_kernel, chunk_state_bwd_kernel
+from mecheval_kernels.delta_rule.common import CHUNK, SUB_BLOCK
+from mecheval_kernels.delta_rule.forward import (
     chunk_inverse_kernel,
     chunk_output_kernel,
     chunk_state_fwd_kernel,
 )
-from kernels.delta_rule.op import DeltaArgs
-from kernels.delta_rule.recurrent import recurrent_bwd_kernel, recurrent_fwd_kernel
+from mecheval_kernels.delta_rule.op import DeltaArgs
+from mecheval_kernels.delta_rule.recurrent import recurrent_bwd_kernel, recurrent_fwd_kernel
 
 INVERSE_WARPS = 4
 # Programs below which the sequential kernels split V further (down to 16 columns).
@@ -143,7 +143,9 @@ def forward(a: DeltaArgs) -> tuple[torch.Tensor, ...]:
     final_arg = final if final is not None else o
     g_arg = g if g is not None else u
     flags = dict(HAS_INIT=init is not None, STORE_FINAL=final is not None, USE_G=g is not None)
-    if a.kernel == "recurrent":  # the delta rule's alone (kernels.delta_rule.op.kernel_for)
+    if (
+        a.kernel == "recurrent"
+    ):  # the delta rule's alone (mecheval_kernels.delta_rule.op.kernel_for)
         launch = recurrent_launches(K, V, B * H, **flags)["forward"]
         launch((triton.cdiv(V, launch.constants["BV"]), B * H),
                q, k, v, beta, init_arg, o, u, final_arg, a.scale, T, H, K, V)  # fmt: skip
@@ -236,12 +238,12 @@ FLOAT32_POINTERS = frozenset(
 
 
 def hopper_specialisations(gated: bool = False) -> list:
-    """The launch configurations to compile-check for sm_90 (see kernels.compile_check): every
-    kernel of the delta rule (or, `gated`, of the gated delta rule: the chunked ones with
-    USE_G) as the host code launches it, at the benchmark's head size in bf16, a padded head
-    (K=100, V=36) in fp16 and the largest head in fp32 (the most shared memory). None may use
-    wgmma (see common.CHUNK)."""
-    from kernels.compile_check import Specialisation
+    """The launch configurations to compile-check for sm_90 (see mecheval_kernels.compile_check):
+    every kernel of the delta rule (or, `gated`, of the gated delta rule: the chunked ones with
+    USE_G) as the host code launches it, at the benchmark's head size in bf16, a padded head (K=100,
+    V=36) in fp16 and the largest head in fp32 (the most shared memory). None may use wgmma (see
+    common.CHUNK)."""
+    from mecheval_kernels.compile_check import Specialisation
 
     flags = dict(HAS_INIT=True, STORE_FINAL=True, HAS_DFINAL=True, STORE_DINIT=True, USE_G=gated)
     specs = []

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from kernels.delta_rule.op import DeltaArgs
+from mecheval_kernels.delta_rule.op import DeltaArgs
 
 
 def all_finite(args: DeltaArgs) -> bool:

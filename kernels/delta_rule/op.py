@@ -1,13 +1,13 @@
 """The delta-rule family's ops: `chunk_delta_rule` here, `chunk_gated_delta_rule` in
-kernels.gated_delta_rule, and what both share (their arguments, validation, the custom ops'
-fake and vmap rule, the call; the scaffold is kernels._op).
+mecheval_kernels.gated_delta_rule, and what both share (their arguments, validation, the custom ops'
+fake and vmap rule, the call; the scaffold is mecheval_kernels._op).
 
-The delta rule is the gated delta rule with no gate: both ops take one `DeltaArgs`, whose `g`
-is None for the delta rule, and run the same implementations (this package's torch_path and
-launch), each under its own custom ops (`kernels::delta_rule_fwd`, `kernels::gated_delta_rule_fwd`
-and their `_bwd`). The forward also returns what the backward needs from it (the chunks' start
-states, u rows and triangular inverses; the recurrent kernel keeps only the u rows), as outputs
-that the autograd glue keeps for the backward.
+The delta rule is the gated delta rule with no gate: both ops take one `DeltaArgs`, whose `g` is
+None for the delta rule, and run the same implementations (this package's torch_path and launch),
+each under its own custom ops (`mecheval_kernels::delta_rule_fwd`,
+`mecheval_kernels::gated_delta_rule_fwd` and their `_bwd`). The forward also returns what the
+backward needs from it (the chunks' start states, u rows and triangular inverses; the recurrent
+kernel keeps only the u rows), as outputs that the autograd glue keeps for the backward.
 
 On the Triton backend the sequence length picks the delta rule's kernel: the fused recurrent
 kernel up to `RECURRENT_MAX_LEN` steps (short sequences, single-step decoding), the chunked
@@ -22,10 +22,10 @@ from typing import NamedTuple
 
 import torch
 
-from kernels._op import Op, compute_dtype
-from kernels.delta_rule.reference import l2_normalize
-from kernels.stacking import fold_into, is_batched, unfold_from
-from kernels.validation import check_range, check_tensor, refuse_unsupported
+from mecheval_kernels._op import Op, compute_dtype
+from mecheval_kernels.delta_rule.reference import l2_normalize
+from mecheval_kernels.stacking import fold_into, is_batched, unfold_from
+from mecheval_kernels.validation import check_range, check_tensor, refuse_unsupported
 
 MAX_HEAD_DIM = 256
 # The Triton backend runs the delta rule's fused recurrent kernel for T <= this, the chunked
@@ -107,7 +107,7 @@ def _fake(a: DeltaArgs, backend: str) -> tuple:
 
 
 def _fold(a: DeltaArgs, dims: DeltaArgs, m: int):
-    """Stacked models (kernels.stacking): the model axis folds into the heads."""
+    """Stacked models (mecheval_kernels.stacking): the model axis folds into the heads."""
     heads = ("q", "k", "v", "g", "beta")
     folded = a._replace(
         **{f: fold_into(getattr(a, f), getattr(dims, f), m, 2) for f in heads},
@@ -118,7 +118,7 @@ def _fold(a: DeltaArgs, dims: DeltaArgs, m: int):
 
 def family_op(public: str, name: str) -> Op:
     """An op of the family: `public` is its function's name (errors start with it), `name`
-    its custom ops' (kernels::<name>_fwd, _bwd)."""
+    its custom ops' (mecheval_kernels::<name>_fwd, _bwd)."""
     validate = functools.partial(_validate, public)
     return Op(__package__, public, DeltaArgs, "B T H K", validate, _fake, 5, 3, _fold, name=name)
 
@@ -204,12 +204,13 @@ def chunk_delta_rule(
             op, gradients included.
         cu_seqlens, head_first: fla's packed sequences and head-first layout; only None and
             False are supported (anything else is refused by name).
-        backend: "auto", "triton" or "torch"; None uses the process default (kernels.backend).
+        backend: "auto", "triton" or "torch"; None uses the process default
+            (mecheval_kernels.backend).
 
     Returns:
         (o (B, T, H, V) in q's dtype, the final state (B, H, K, V) in float32 (float64 for
         float64 inputs) or None). States after given steps, the output at one step, a patched
-        state: `kernels.at_positions(kernels.chunk_delta_rule, ...)`.
+        state: `mecheval_kernels.at_positions(mecheval_kernels.chunk_delta_rule, ...)`.
     """
     return run(OP, backend, q, k, v, None, beta, scale, initial_state, output_final_state,
                use_qk_l2norm_in_kernel, cu_seqlens, head_first)  # fmt: skip

@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.delta_rule.common import load_state, state_tile
+from mecheval_kernels.delta_rule.common import load_state, state_tile
 
 
 @triton.jit

@@ -26,7 +26,8 @@ for the gradients of q, k, v, beta and, gated, of the cumulative decays G, whose
 cumulative sum within each chunk is g's gradient. The forward saves the chunk start states, the
 U rows and A: no per-step state is ever kept.
 
-Non-finite inputs stay causal, as in the per-step recurrence (kernels.delta_rule.nonfinite).
+Non-finite inputs stay causal, as in the per-step recurrence
+(mecheval_kernels.delta_rule.nonfinite).
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from kernels._op import compute_dtype
-from kernels.delta_rule import nonfinite
-from kernels.delta_rule.op import DeltaArgs
+from mecheval_kernels._op import compute_dtype
+from mecheval_kernels.delta_rule import nonfinite
+from mecheval_kernels.delta_rule.op import DeltaArgs
 
 # Steps per chunk: the sequential loop then runs T / 64 steps of (64, K) x (K, V) matmuls.
 # Sequences shorter than this are one chunk of their own length.

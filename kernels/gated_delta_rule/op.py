@@ -1,14 +1,14 @@
 """`chunk_gated_delta_rule`: the public gated-delta-rule op. It is the delta-rule family's
-(kernels.delta_rule.op) with the gate on: the same arguments, implementations and kernels, with
-the log decays g, under its own custom ops (`kernels::gated_delta_rule_fwd`, `_bwd`). Both
-backends run the chunked algorithm at every length.
+(mecheval_kernels.delta_rule.op) with the gate on: the same arguments, implementations and kernels,
+with the log decays g, under its own custom ops (`mecheval_kernels::gated_delta_rule_fwd`, `_bwd`).
+Both backends run the chunked algorithm at every length.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels.delta_rule.op import family_op, run
+from mecheval_kernels.delta_rule.op import family_op, run
 
 OP = family_op("chunk_gated_delta_rule", "gated_delta_rule")
 
@@ -38,14 +38,15 @@ def chunk_gated_delta_rule(
         g: (B, T, H), the log decays: finite and <= 0 (a decaying memory, as a model's
             -exp(A_log) * softplus(...) is), both checked on eager calls (fla accepts
             positive values; here they are refused by name).
-        the others: as `kernels.chunk_delta_rule` takes them (q (B, T, H, K), k, v, beta,
+        the others: as `mecheval_kernels.chunk_delta_rule` takes them (q (B, T, H, K), k, v, beta,
             scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
             head_first, backend).
 
     Returns:
-        (o, the final state or None) as `kernels.chunk_delta_rule` returns them; g's gradient
+        (o, the final state or None) as `mecheval_kernels.chunk_delta_rule` returns them; g's
+        gradient
         in g's dtype. States after given steps, the output at one step, a patched state:
-        `kernels.at_positions(kernels.chunk_gated_delta_rule, ...)`.
+        `mecheval_kernels.at_positions(mecheval_kernels.chunk_gated_delta_rule, ...)`.
     """
     return run(OP, backend, q, k, v, g, beta, scale, initial_state, output_final_state,
                use_qk_l2norm_in_kernel, cu_seqlens, head_first)  # fmt: skip

@@ -1,7 +1,7 @@
 """Selective scan (Mamba): reference, PyTorch path, Triton kernels, public op, the scan at
 positions."""
 
-from kernels.selective_scan.op import selective_scan_fn
-from kernels.selective_scan.reference import selective_scan_ref
+from mecheval_kernels.selective_scan.op import selective_scan_fn
+from mecheval_kernels.selective_scan.reference import selective_scan_ref
 
 __all__ = ["selective_scan_fn", "selective_scan_ref"]

@@ -1,5 +1,6 @@
 """`at_positions_of_selective_scan`: the selective scan at positions (states after positions, the
-output at one position per row, a patched state; kernels.at_positions says what each means)."""
+output at one position per row, a patched state; mecheval_kernels.at_positions says what each
+means)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from kernels._op import needs_grad
-from kernels.scan_at import Asked, ScanAt, patch_by_jump
-from kernels.selective_scan.op import OP, ScanArgs, checked, selective_scan_fn
-from kernels.validation import check_positions, check_state_patch, one_per_row
+from mecheval_kernels._op import needs_grad
+from mecheval_kernels.scan_at import Asked, ScanAt, patch_by_jump
+from mecheval_kernels.selective_scan.op import OP, ScanArgs, checked, selective_scan_fn
+from mecheval_kernels.validation import check_positions, check_state_patch, one_per_row
 
 # selective_scan_fn's inputs, in the order `checked` takes them after the backend.
 SCAN_INPUTS = (
@@ -20,7 +21,7 @@ SCAN_INPUTS = (
 
 
 def at_positions_of_selective_scan(arguments: dict, asked: Asked) -> ScanAt:
-    """`selective_scan_fn`'s scan at positions (see kernels.at_positions).
+    """`selective_scan_fn`'s scan at positions (see mecheval_kernels.at_positions).
 
     Args:
         arguments: `selective_scan_fn`'s arguments by name (u ... initial_state, backend).

@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.selective_scan.forward import (
+from mecheval_kernels.selective_scan.forward import (
     linear_combine,
     load_bc,
     load_dt,

@@ -9,10 +9,10 @@ import math
 import torch
 import triton
 
-from kernels._launch import Launch
-from kernels.selective_scan.backward import scan_bwd_kernel
-from kernels.selective_scan.forward import scan_fwd_kernel
-from kernels.selective_scan.op import ScanArgs
+from mecheval_kernels._launch import Launch
+from mecheval_kernels.selective_scan.backward import scan_bwd_kernel
+from mecheval_kernels.selective_scan.forward import scan_fwd_kernel
+from mecheval_kernels.selective_scan.op import ScanArgs
 
 # A (BLOCK_D, N_PAD, CHUNK) register tile of 4096 elements, chunks of at most 16 positions: at
 # N = 16 on sm_90 both kernels then compile without spills, the backward at 8 warps (4 spill).
@@ -214,10 +214,10 @@ FLOAT32_POINTERS = frozenset(
 
 
 def hopper_specialisations() -> list:
-    """The launch configurations to compile-check for sm_90 (see kernels.compile_check): both
-    kernels at the plans of N = 16, 64 and 256 and of the smallest call, every option on, off
+    """The launch configurations to compile-check for sm_90 (see mecheval_kernels.compile_check):
+    both kernels at the plans of N = 16, 64 and 256 and of the smallest call, every option on, off
     and mixed, all three dtypes."""
-    from kernels.compile_check import Specialisation
+    from mecheval_kernels.compile_check import Specialisation
 
     specs = []
     for dtype, (channels, state, length), on in (

@@ -1,5 +1,5 @@
 """`selective_scan_fn`: the public selective-scan op (validation and the call of its custom op;
-the scaffold is kernels._op).
+the scaffold is mecheval_kernels._op).
 
 Both implementations' `forward` returns (out, last_state, checkpoints), where the checkpoints
 (K, B, D, N) are the float32 states at the start of each chunk of positions, kept for the
@@ -13,9 +13,14 @@ from typing import NamedTuple
 
 import torch
 
-from kernels._op import Op, compute_dtype, needs_grad
-from kernels.stacking import fold_into, unfold_from
-from kernels.validation import check_choice, check_range, check_tensor, check_tensor_layouts
+from mecheval_kernels._op import Op, compute_dtype, needs_grad
+from mecheval_kernels.stacking import fold_into, unfold_from
+from mecheval_kernels.validation import (
+    check_choice,
+    check_range,
+    check_tensor,
+    check_tensor_layouts,
+)
 
 MAX_STATE = 256
 BC_LAYOUTS = ("D N", "B N L", "B G N L")
@@ -89,7 +94,7 @@ def _fold_bc(t: torch.Tensor, dim: int | None, m: int) -> torch.Tensor:
 
 
 def _fold(a: ScanArgs, dims: ScanArgs, m: int):
-    """Stacked models (kernels.stacking): the model axis folds into the channels."""
+    """Stacked models (mecheval_kernels.stacking): the model axis folds into the channels."""
     channels = {f: 1 for f in ("u", "delta", "z", "initial_state")} | {
         f: 0 for f in ("A", "D", "delta_bias")
     }
@@ -156,12 +161,13 @@ def selective_scan_fn(
         initial_state: optional (B, D, N), the state before position 0 (ours); gradients flow
             to it, and through the returned last state, so a scan split at any position and
             resumed from the carried state equals one scan.
-        backend: "auto", "triton" or "torch"; None uses the process default (kernels.backend).
+        backend: "auto", "triton" or "torch"; None uses the process default
+            (mecheval_kernels.backend).
 
     Returns:
         out (B, D, L) in u's dtype and memory layout, or (out, last_state (B, D, N) float32).
         States after given positions, the output at one position, a patched state:
-        `kernels.at_positions(kernels.selective_scan_fn, ...)`.
+        `mecheval_kernels.at_positions(mecheval_kernels.selective_scan_fn, ...)`.
     """
     a, chosen = checked(backend, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state)
     # The backward's checkpoints only when autograd will ask for a backward.

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from kernels._op import compute_dtype
-from kernels.selective_scan.op import ScanArgs
-from kernels.selective_scan.torch_chunk import (
+from mecheval_kernels._op import compute_dtype
+from mecheval_kernels.selective_scan.op import ScanArgs
+from mecheval_kernels.selective_scan.torch_chunk import (
     LOG2E,
     chunk_buffers,
     chunk_inputs,

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from kernels.selective_scan.op import ScanArgs
+from mecheval_kernels.selective_scan.op import ScanArgs
 
 LOG2E = math.log2(math.e)
 

@@ -10,7 +10,7 @@ contractions over N or over channels are batched matrix products.
 The forward keeps only the state at the start of each chunk (the checkpoints). The backward
 walks the chunks in reverse: it recomputes the chunk's states from its checkpoint, runs the
 adjoint recurrence backwards (dh_t = g_t C_t + exp(dt_{t+1} A) dh_{t+1}) and forms every
-gradient from the two (one tile of rows: kernels.selective_scan.torch_backward). Autograd
+gradient from the two (one tile of rows: mecheval_kernels.selective_scan.torch_backward). Autograd
 through the per-position loop would record every step and is orders of magnitude slower (see
 docs/kernels.md). What one chunk does, forward and backward alike, is in torch_chunk.py; this
 module sizes the tiles and chunks and runs them.
@@ -21,11 +21,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels._op import compute_dtype
-from kernels.layout import match_layout
-from kernels.selective_scan import torch_chunk
-from kernels.selective_scan.op import ScanArgs
-from kernels.selective_scan.torch_backward import backward_rows
+from mecheval_kernels._op import compute_dtype
+from mecheval_kernels.layout import match_layout
+from mecheval_kernels.selective_scan import torch_chunk
+from mecheval_kernels.selective_scan.op import ScanArgs
+from mecheval_kernels.selective_scan.torch_backward import backward_rows
 
 # Elements of one (T, rows, D, N) chunk buffer; the backward holds about six of them.
 CHUNK_ELEMENTS = 1 << 20

@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.short_conv.forward import load_padded, pre_activation
+from mecheval_kernels.short_conv.forward import load_padded, pre_activation
 
 
 @triton.jit

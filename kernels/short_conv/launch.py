@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 import triton
 
-from kernels._launch import Launch
-from kernels.short_conv.backward import conv_bwd_kernel
-from kernels.short_conv.forward import conv_fwd_kernel
-from kernels.short_conv.op import ConvArgs
+from mecheval_kernels._launch import Launch
+from mecheval_kernels.short_conv.backward import conv_bwd_kernel
+from mecheval_kernels.short_conv.forward import conv_fwd_kernel
+from mecheval_kernels.short_conv.op import ConvArgs
 
 KERNELS = {"forward": conv_fwd_kernel, "backward": conv_bwd_kernel}
 # (BLOCK_D, BLOCK_L) per pass and memory layout, long along whichever of D and L is contiguous:
@@ -102,9 +102,9 @@ def backward(a: ConvArgs, grads: tuple, saved: tuple) -> list[torch.Tensor | Non
 
 
 def hopper_specialisations() -> list:
-    """The launch configurations to compile-check for sm_90 (see kernels.compile_check): both
-    kernels, every flag, narrow and wide windows, both tile shapes, all three dtypes."""
-    from kernels.compile_check import Specialisation
+    """The launch configurations to compile-check for sm_90 (see mecheval_kernels.compile_check):
+    both kernels, every flag, narrow and wide windows, both tile shapes, all three dtypes."""
+    from mecheval_kernels.compile_check import Specialisation
 
     specs = []
     for dtype, width, layout, flags in (

@@ -1,5 +1,5 @@
 """`causal_conv1d_fn`: the public short-convolution op (validation and the call of its custom
-op; the scaffold is kernels._op)."""
+op; the scaffold is mecheval_kernels._op)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import NamedTuple
 
 import torch
 
-from kernels._op import Op, compute_dtype, needs_grad
-from kernels.stacking import fold_into, unfold_from
-from kernels.validation import check_choice, check_range, check_tensor, refuse_unsupported
+from mecheval_kernels._op import Op, compute_dtype, needs_grad
+from mecheval_kernels.stacking import fold_into, unfold_from
+from mecheval_kernels.validation import check_choice, check_range, check_tensor, refuse_unsupported
 
 ACTIVATIONS = (None, "silu", "swish")
 MAX_WIDTH = 8
@@ -48,7 +48,7 @@ def _fake(a: ConvArgs, backend: str) -> tuple:
 
 
 def _fold(a: ConvArgs, dims: ConvArgs, m: int):
-    """Stacked models (kernels.stacking): the model axis folds into the channels."""
+    """Stacked models (mecheval_kernels.stacking): the model axis folds into the channels."""
     folded = a._replace(
         x=fold_into(a.x, dims.x, m, 1),
         weight=fold_into(a.weight, dims.weight, m, 0),
@@ -101,7 +101,8 @@ def causal_conv1d_fn(
         final_states_out: optional (B, D, W-1) tensor the final states are written into (and
             returned as), with `return_final_states`.
         activation: None, "silu" or "swish".
-        backend: "auto", "triton" or "torch"; None uses the process default (kernels.backend).
+        backend: "auto", "triton" or "torch"; None uses the process default
+            (mecheval_kernels.backend).
 
     Returns:
         y (B, D, L) in x's dtype and memory layout, or (y, final_states).

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels._op import compute_dtype
-from kernels.layout import match_layout
-from kernels.short_conv.op import ConvArgs
+from mecheval_kernels._op import compute_dtype
+from mecheval_kernels.layout import match_layout
+from mecheval_kernels.short_conv.op import ConvArgs
 
 # The weight gradient: one grouped correlation (input windows x output gradient) for small
 # inputs, W batched dot products (torch.bmm) beyond, where the correlation's many long groups

@@ -1,12 +1,12 @@
-"""`at_positions_of_mamba2_scan`: Mamba-2's scan at positions (states after positions, the output
-at one position per row, a patched state; kernels.at_positions says what each means), run in
-its selective-scan form (kernels.ssd.op.on_selective_scan)."""
+"""`at_positions_of_mamba2_scan`: Mamba-2's scan at positions (states after positions, the output at
+one position per row, a patched state; mecheval_kernels.at_positions says what each means), run in
+its selective-scan form (mecheval_kernels.ssd.op.on_selective_scan)."""
 
 from __future__ import annotations
 
-from kernels.scan_at import Asked, ScanAt
-from kernels.ssd.op import OP, checked, mamba2_scan, on_selective_scan
-from kernels.validation import check_state_patch
+from mecheval_kernels.scan_at import Asked, ScanAt
+from mecheval_kernels.ssd.op import OP, checked, mamba2_scan, on_selective_scan
+from mecheval_kernels.validation import check_state_patch
 
 # mamba2_scan's inputs, in the order `checked` takes them after the backend.
 SCAN_INPUTS = (
@@ -16,7 +16,7 @@ SCAN_INPUTS = (
 
 
 def at_positions_of_mamba2_scan(arguments: dict, asked: Asked) -> ScanAt:
-    """`mamba2_scan`'s scan at positions (see kernels.at_positions).
+    """`mamba2_scan`'s scan at positions (see mecheval_kernels.at_positions).
 
     Args:
         arguments: `mamba2_scan`'s arguments by name (x ... initial_states, chunk_size,
@@ -25,7 +25,7 @@ def at_positions_of_mamba2_scan(arguments: dict, asked: Asked) -> ScanAt:
             (B, K, H, P, N), patch values (B, H, P, N)), `out` at `out_at` (B, 1, H, P).
 
     Asked for nothing, it runs `mamba2_scan`; else the selective scan at positions runs it
-    (see kernels.selective_scan.at for what runs where).
+    (see mecheval_kernels.selective_scan.at for what runs where).
     """
     if asked.states_at is None and asked.out_at is None and asked.state_patch is None:
         out, final = mamba2_scan(**{**arguments, "return_final_states": True})

@@ -29,8 +29,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from kernels.ssd.reference import step_sizes
-from kernels.stacking import is_batched
+from mecheval_kernels.ssd.reference import step_sizes
+from mecheval_kernels.stacking import is_batched
 
 # Chunk length: one chunk up to this many positions, else CHUNK (measured on the study's
 # shapes, docs/kernels.md: one chunk is fastest for L <= 64, chunks of 32 for L = 256).
@@ -103,8 +103,8 @@ class Inputs(NamedTuple):
 
 
 def ssd_chunked(a: Inputs, chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mamba-2's scan on inputs validated by `kernels.mamba2_scan`: (out (B, L, H, P) in x's
-    dtype, final state (B, H, P, N) in the compute dtype: float32, float64 for float64 x)."""
+    """Mamba-2's scan on inputs validated by `mecheval_kernels.mamba2_scan`: (out (B, L, H, P) in
+    x's dtype, final state (B, H, P, N) in the compute dtype: float32, float64 for float64 x)."""
     if _all_finite(a.x, a.dt, a.B, a.C, a.z):
         return _ssd_finite(a, chunk_size)
     (x, bad_x), (dt, bad_dt), (z, bad_z) = _zeroed(a.x), _zeroed(a.dt), _zeroed(a.z)

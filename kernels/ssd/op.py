@@ -1,13 +1,13 @@
 """`mamba2_scan`: Mamba-2's scan (SSD) with mamba-ssm's `mamba_chunk_scan_combined` layouts.
 
-Two implementations, chosen by the backend (kernels.backend):
-  "torch"   the chunked SSD algorithm in PyTorch (kernels.ssd.chunked), differentiated by
+Two implementations, chosen by the backend (mecheval_kernels.backend):
+  "torch"   the chunked SSD algorithm in PyTorch (mecheval_kernels.ssd.chunked), differentiated by
             autograd: runs under torch.vmap and torch.compile as plain PyTorch does.
   "triton"  Mamba-2 as a selective scan (`on_selective_scan`): the head's scalar A broadcast
             over its channels and state indices, dt broadcast from heads to channels, B and C
             as groups of channels; the selective scan's Triton kernels (and their backward,
             vmap rule and custom op) then run it.
-The selective-scan form is also what runs the scan at positions (kernels.ssd.at: states,
+The selective-scan form is also what runs the scan at positions (mecheval_kernels.ssd.at: states,
 outputs at positions, patched states), on either backend. docs/kernels.md has the
 measurements behind the choice.
 """
@@ -17,12 +17,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.backend import resolve_backend
-from kernels.scan_at import Asked, ScanAt
-from kernels.selective_scan.at import at_positions_of_selective_scan
-from kernels.selective_scan.op import MAX_STATE
-from kernels.ssd.chunked import Inputs, ssd_chunked
-from kernels.validation import (
+from mecheval_kernels.backend import resolve_backend
+from mecheval_kernels.scan_at import Asked, ScanAt
+from mecheval_kernels.selective_scan.at import at_positions_of_selective_scan
+from mecheval_kernels.selective_scan.op import MAX_STATE
+from mecheval_kernels.ssd.chunked import Inputs, ssd_chunked
+from mecheval_kernels.validation import (
     allowed_dtypes,
     check_choice,
     check_range,
@@ -137,7 +137,7 @@ def mamba2_scan(
             N from 1 to 256.
         C: (B, L, G, N), like B.
         chunk_size: positions per chunk of the PyTorch path (the result does not depend on
-            it); None picks one (kernels.ssd.chunked.default_chunk_size). The Triton path
+            it); None picks one (mecheval_kernels.ssd.chunked.default_chunk_size). The Triton path
             does not chunk. (mamba-ssm requires it; here it may be left out.)
         D: optional skip, (H,) per head or (H, P) per channel.
         z: optional (B, L, H, P) gate, applied as silu(z) after the skip.
@@ -150,12 +150,13 @@ def mamba2_scan(
         dt_softplus: apply softplus to dt + dt_bias.
         dt_limit: (low, high) clamp of the step sizes after the softplus.
         return_final_states: also return the state after the last position.
-        backend: "auto", "triton" or "torch"; None uses the process default (kernels.backend).
+        backend: "auto", "triton" or "torch"; None uses the process default
+            (mecheval_kernels.backend).
 
     Returns:
         out (B, L, H, P) in x's dtype, or (out, final_states (B, H, P, N) float32). States
         after given positions, the output at one position, a patched state:
-        `kernels.at_positions(kernels.mamba2_scan, ...)`.
+        `mecheval_kernels.at_positions(mecheval_kernels.mamba2_scan, ...)`.
     """
     refuse_unsupported(
         OP,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.scan_at import reference_result
+from mecheval_kernels.scan_at import reference_result
 
 
 def step_sizes(

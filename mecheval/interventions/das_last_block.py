@@ -1,14 +1,13 @@
 """DAS's patched runs that enter a recurrent model's last block, without its recurrence from the
 patch to the query (mecheval.interventions.das runs every other site from its block on).
 
-Every scan at positions is affine in its state (kernels.scan_at): the last block's scan output
-at the query is the base run's plus a linear map, the readout, of the change a patch makes to
-the state after a position before it. Each scan's output at a position reads the state
-elementwise along the output's own axes and contracts the one left (`READOUT_AXES`), so the
-readout from a position has the state's shape: the gradient of the scan's output at the query,
-summed, with respect to the state it starts from there, formed once per document and position
-label (a backward of the base's scan from the position to the query, all of them in a few
-runs of similar lengths).
+Every scan at positions is affine in its state (mecheval_kernels.scan_at): the last block's scan
+output at the query is the base run's plus a linear map, the readout, of the change a patch makes to
+the state after a position before it. Each scan's output at a position reads the state elementwise
+along the output's own axes and contracts the one left (`READOUT_AXES`), so the readout from a
+position has the state's shape: the gradient of the scan's output at the query, summed, with respect
+to the state it starts from there, formed once per document and position label (a backward of the
+base's scan from the position to the query, all of them in a few runs of similar lengths).
 
 A recurrent mixer's scan inputs at a position are projections of its input there and, through
 its short convolutions (w the widest, 1 without), of its inputs at the w - 1 before. So a patch
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-import kernels
+import mecheval_kernels
 from mecheval.interventions.das_data import SiteData
 from mecheval.interventions.grid import block_output_at, hidden_at
 from mecheval.interventions.plan import AFTER_MIXER, SiteRef
@@ -38,14 +37,14 @@ from mecheval.layers.recurrent import RecurrentMixer
 from mecheval.layers.resume import Resume
 
 # Per drop-in scan: the state axis its output at a position contracts (it reads the others
-# elementwise), and the time axis of that output (kernels.at_positions: the selective scan's
-# (D, N) state gives (D, 1), Mamba-2's (H, P, N) gives (1, H, P), the delta rules' (H, K, V)
+# elementwise), and the time axis of that output (mecheval_kernels.at_positions: the selective
+# scan's (D, N) state gives (D, 1), Mamba-2's (H, P, N) gives (1, H, P), the delta rules' (H, K, V)
 # give (1, H, V)).
 READOUT_AXES = {
-    kernels.selective_scan_fn: (-1, 2),
-    kernels.mamba2_scan: (-1, 1),
-    kernels.chunk_delta_rule: (-2, 1),
-    kernels.chunk_gated_delta_rule: (-2, 1),
+    mecheval_kernels.selective_scan_fn: (-1, 2),
+    mecheval_kernels.mamba2_scan: (-1, 1),
+    mecheval_kernels.chunk_delta_rule: (-2, 1),
+    mecheval_kernels.chunk_gated_delta_rule: (-2, 1),
 }
 # The readouts' backward runs its rows (documents and labels) in this many groups of similar
 # lengths, more where a group's floats of scan state x positions would pass READOUT_FLOATS.
@@ -185,10 +184,11 @@ def _kind(ref: SiteRef, layer: int) -> str | None:
 
 
 def _known_scan(scan_at) -> bool:
-    """Whether a mixer's scan is `kernels.at_positions` of a drop-in with a known readout."""
+    """Whether a mixer's scan is `mecheval_kernels.at_positions` of a drop-in with a known
+    readout."""
     return (
         isinstance(scan_at, functools.partial)
-        and scan_at.func is kernels.at_positions
+        and scan_at.func is mecheval_kernels.at_positions
         and bool(scan_at.args)
         and scan_at.args[0] in READOUT_AXES
     )
@@ -231,9 +231,9 @@ def _readouts(mixer, h, query, measured, shape, reads: dict) -> torch.Tensor:
 
 
 def _inputs_before(inputs: torch.Tensor, starts: torch.Tensor, width: int, last: int):
-    """(rows, C, width - 1) a short convolution's window after positions [0, s) for each row's
-    start s (rows,): its inputs (rows, needed, C) at s - width + 1 .. s - 1, zeros before
-    position 0 (the layout `kernels.causal_conv1d_fn` takes); starts past `last` read there."""
+    """(rows, C, width - 1) a short convolution's window after positions [0, s) for each row's start
+    s (rows,): its inputs (rows, needed, C) at s - width + 1 .. s - 1, zeros before position 0 (the
+    layout `mecheval_kernels.causal_conv1d_fn` takes); starts past `last` read there."""
     at = starts[:, None] + torch.arange(1 - width, 0, device=starts.device)
     rows = torch.arange(len(starts), device=starts.device)[:, None]
     kept = inputs[rows, at.clamp(0, last)] * (at >= 0)[..., None].to(inputs.dtype)

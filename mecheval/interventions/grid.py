@@ -35,9 +35,9 @@ they are chunked; `interchange_grid` runs that plan. How it is fast, and still e
 - only the query position's logits are computed, and the KL and the answer's probability come
   from one log-sum-exp per row (and a product over d_model: see `Metrics`);
 - `state` sites (the recurrent state after a position) are read and patched at every row's
-  own positions inside the one scan: the clean run's scan also returns the states at each
-  row's patched positions, and a patched run's scan replaces the state after each row's
-  position (the kernels' scans at positions: kernels.at_positions; mecheval.layers.sites.StateSite).
+  own positions inside the one scan: the clean run's scan also returns the states at each row's
+  patched positions, and a patched run's scan replaces the state after each row's position (the
+  kernels' scans at positions: mecheval_kernels.at_positions; mecheval.layers.sites.StateSite).
 Each cell equals one plain per-cell forward with a hook (see `per_cell_loop`), to float
 rounding; the tests check every cell.
 """

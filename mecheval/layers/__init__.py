@@ -2,7 +2,7 @@
 
 Every mixer derives from `Mixer` (mecheval.layers.mixer: the contract with the models and the
 interchange grid); it maps (B, L, d_model) to (B, L, d_model) and runs its short convolutions
-and scans through the `kernels` package (the process default backend). Activations the
+and scans through `mecheval_kernels` (the process default backend). Activations the
 interventions patch are marked with `Site` / `StateSite` submodules (mecheval.layers.sites).
 
     Mixer                   the base class: forward and the optional declarations

@@ -3,8 +3,8 @@
     y = conv(u) * (u W) + u
 
 where conv is a short causal depthwise convolution (width W, with bias, on
-`kernels.causal_conv1d_fn`) or an implicit long convolution (`ImplicitLongConvolution`, which
-itself adds u back), and the projection W has a bias, as zoology builds them.
+`mecheval_kernels.causal_conv1d_fn`) or an implicit long convolution (`ImplicitLongConvolution`,
+which itself adds u back), and the projection W has a bias, as zoology builds them.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ Parameter names and options follow `fla.layers.DeltaNet` where they overlap:
     S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T                   S_t (K, V) per head
     o_t = rmsnorm(S_t^T q_t / sqrt(K)) ;  out = o W_o
 
-The delta rule runs through `kernels.chunk_delta_rule` at positions (q and k normalised inside
-the kernel; kernels.at_positions).
-Not supported from fla: `mode` (the kernel backend decides), `use_gate`, padding masks, caches.
+The delta rule runs through `mecheval_kernels.chunk_delta_rule` at positions (q and k normalised
+inside the kernel; mecheval_kernels.at_positions). Not supported from fla: `mode` (the kernel
+backend decides), `use_gate`, padding masks, caches.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import kernels
+import mecheval_kernels
 from mecheval.layers.qkv_convs import ShortConvQKV
 
 QK_ACTIVATIONS = ("silu", "relu", "elu", "identity")
@@ -105,8 +105,8 @@ class DeltaNet(ShortConvQKV):
         if self.qk_norm == "sum":
             q, k = q / q.sum(-1, keepdim=True), k / k.sum(-1, keepdim=True)
         scan_at = functools.partial(
-            kernels.at_positions,
-            kernels.chunk_delta_rule,
+            mecheval_kernels.at_positions,
+            mecheval_kernels.chunk_delta_rule,
             q,
             k,
             v,

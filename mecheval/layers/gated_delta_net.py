@@ -11,10 +11,9 @@ Parameter names and shapes follow `fla.layers.GatedDeltaNet` (one value head per
     o_t = S_t^T q_t / sqrt(K)
     out = (rmsnorm(o) * w_norm * silu(u W_g)) W_o          gated RMSNorm per head (use_gate)
 
-The recurrence runs through `kernels.chunk_gated_delta_rule` at positions (q and k normalised
-inside it; kernels.at_positions).
-Not supported from fla: `mode` (the kernel backend decides), `num_v_heads` > num_heads
-(grouped value heads), padding masks, caches.
+The recurrence runs through `mecheval_kernels.chunk_gated_delta_rule` at positions (q and k
+normalised inside it; mecheval_kernels.at_positions). Not supported from fla: `mode` (the kernel
+backend decides), `num_v_heads` > num_heads (grouped value heads), padding masks, caches.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import kernels
+import mecheval_kernels
 from mecheval.layers.qkv_convs import ShortConvQKV
 from mecheval.layers.resume import pick
 from mecheval.layers.ssm_init import dt_bias, no_weight_decay
@@ -131,8 +130,8 @@ class GatedDeltaNet(ShortConvQKV):
             self.a_proj(hidden_states).float() + self.dt_bias.float()
         )
         scan_at = functools.partial(
-            kernels.at_positions,
-            kernels.chunk_gated_delta_rule,
+            mecheval_kernels.at_positions,
+            mecheval_kernels.chunk_gated_delta_rule,
             q,
             k,
             v,

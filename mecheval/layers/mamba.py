@@ -12,10 +12,10 @@ same output:
     y_t = (h_t C_t + D x_t) * silu(z_t)
     out = y W_out
 
-The conv runs through `kernels.causal_conv1d_fn`, the scan through `kernels.selective_scan_fn`
-at positions (whichever backend the process default picks; kernels.at_positions); what the model
-and the grid may use is declared by `RecurrentMixer` (mecheval.layers.recurrent). No incremental
-decoding (`inference_params`).
+The conv runs through `mecheval_kernels.causal_conv1d_fn`, the scan through
+`mecheval_kernels.selective_scan_fn` at positions (whichever backend the process default picks;
+mecheval_kernels.at_positions); what the model and the grid may use is declared by `RecurrentMixer`
+(mecheval.layers.recurrent). No incremental decoding (`inference_params`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import kernels
+import mecheval_kernels
 from mecheval.layers.recurrent import RecurrentMixer
 from mecheval.layers.sites import StateSite
 from mecheval.layers.ssm_init import dt_bias, no_weight_decay
@@ -90,7 +90,7 @@ class Mamba(MambaBase):
         conv_bias: whether the conv has a bias.
         bias: whether in_proj and out_proj have biases.
         use_fast_path: accepted for compatibility with mamba-ssm; kernels are picked by the
-            `kernels` backend instead, so it has no effect.
+            `mecheval_kernels` backend instead, so it has no effect.
         layer_idx: index of the layer in its model (kept for reference).
         use_conv: (ours) False drops the conv entirely (no conv1d parameters), keeping only its
             SiLU, the study's "Mamba without conv".
@@ -158,8 +158,8 @@ class Mamba(MambaBase):
         dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         delta = F.linear(dt, self.dt_proj.weight)  # bias added (then softplus) in the scan
         scan_at = functools.partial(
-            kernels.at_positions,
-            kernels.selective_scan_fn,
+            mecheval_kernels.at_positions,
+            mecheval_kernels.selective_scan_fn,
             x.transpose(1, 2),  # (B, D, L)
             delta.transpose(1, 2),
             -torch.exp(self.A_log.float()),

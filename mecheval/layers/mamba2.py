@@ -13,10 +13,10 @@ its state dict loads with `strict=True`:
     y = RMSNorm_groups(y * silu(z)) * norm.weight        (gated RMSNorm, per group of channels)
     out = y W_out
 
-The conv runs through `kernels.causal_conv1d_fn`, the scan through `kernels.mamba2_scan` at
-positions (whichever backend the process default picks; kernels.at_positions); what the model
-and the grid may use is declared by `RecurrentMixer` (mecheval.layers.recurrent). No incremental
-decoding (`inference_params`).
+The conv runs through `mecheval_kernels.causal_conv1d_fn`, the scan through
+`mecheval_kernels.mamba2_scan` at positions (whichever backend the process default picks;
+mecheval_kernels.at_positions); what the model and the grid may use is declared by `RecurrentMixer`
+(mecheval.layers.recurrent). No incremental decoding (`inference_params`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import kernels
+import mecheval_kernels
 from mecheval.layers.mamba import MambaBase
 from mecheval.layers.resume import pick
 from mecheval.layers.ssm_init import dt_bias, no_weight_decay
@@ -105,8 +105,8 @@ class Mamba2(MambaBase):
         d_ssm: None (the SSM over all of d_inner), or d_inner itself.
         dt_limit: (low, high) clamp of the step sizes after the softplus.
         chunk_size, use_mem_eff_path, sequence_parallel: accepted for compatibility with
-            mamba-ssm; the scan picks its own chunks and kernels are picked by the `kernels`
-            backend, so no effect.
+            mamba-ssm; the scan picks its own chunks and kernels are picked by the
+            `mecheval_kernels` backend, so no effect.
         process_group: None only (no tensor parallelism).
         layer_idx, use_conv, device, dtype: as `Mamba` takes them (use_conv False: no conv,
             only its SiLU, as mecheval's mamba_noconv does for Mamba).
@@ -205,8 +205,8 @@ class Mamba2(MambaBase):
         x, B, C = xBC.split([self.d_inner, G * N, G * N], dim=-1)
         D = self.D.float().view(H, P) if self.D_has_hdim else self.D.float()
         scan_at = functools.partial(
-            kernels.at_positions,
-            kernels.mamba2_scan,
+            mecheval_kernels.at_positions,
+            mecheval_kernels.mamba2_scan,
             x.unflatten(-1, (H, P)),
             dt,
             -torch.exp(self.A_log.float()),

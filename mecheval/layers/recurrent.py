@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import kernels
+import mecheval_kernels
 from mecheval.layers.mixer import Mixer
 from mecheval.layers.resume import Resume, conv_window, leave_context, resumed_from
 from mecheval.layers.short_conv import ShortConvolution
@@ -120,9 +120,9 @@ class RecurrentMixer(Mixer):
         windows: tuple,
         state: torch.Tensor | None,
         resume: Resume | None,
-    ) -> tuple[Callable[..., kernels.ScanAt], tuple, object]:
-        """The scan's side of `forward`: (the scan for `scan`, `kernels.at_positions` with a
-        drop-in scan and its inputs bound, continuing from `state`; the convolutions' windows
+    ) -> tuple[Callable[..., mecheval_kernels.ScanAt], tuple, object]:
+        """The scan's side of `forward`: (the scan for `scan`, `mecheval_kernels.at_positions` with
+        a drop-in scan and its inputs bound, continuing from `state`; the convolutions' windows
         after hidden_states' last position (from `short_convs`, which continues from
         `windows`); whatever `output` needs beside the scan's output)."""
         raise NotImplementedError(f"{type(self).__name__} writes no scan_inputs")
@@ -145,7 +145,7 @@ class RecurrentMixer(Mixer):
         conv: nn.Conv1d = getattr(self, f"{prefix}1d")
         keep = resume is not None and resume.leave
         x = getattr(self, f"{prefix}_input")(x)
-        y = kernels.causal_conv1d_fn(
+        y = mecheval_kernels.causal_conv1d_fn(
             x.transpose(1, 2),
             conv.weight[:, 0, :],
             conv.bias,
@@ -178,12 +178,12 @@ class RecurrentMixer(Mixer):
 
     def scan(
         self,
-        scan_at: Callable[..., kernels.ScanAt],
+        scan_at: Callable[..., mecheval_kernels.ScanAt],
         batch: int,
         length: int,
         at: torch.Tensor | None,
         resume: Resume | None,
-    ) -> kernels.ScanAt:
+    ) -> mecheval_kernels.ScanAt:
         """The scan through the state site: its output at every position, or at `at` (B,)
         alone, and its final state when a context is to be left."""
         final = resume is not None and resume.leave

@@ -45,7 +45,7 @@ def context_rows(context: tuple | None, rows: torch.Tensor) -> tuple | None:
 def conv_window(values: torch.Tensor, point: int, width: int) -> torch.Tensor:
     """A short convolution's context after positions [0, point) from its inputs at every
     position (B, L, C): the last width - 1 of them, (B, C, width - 1), zeros before position 0
-    (the layout `kernels.causal_conv1d_fn` leaves as final states)."""
+    (the layout `mecheval_kernels.causal_conv1d_fn` leaves as final states)."""
     kept = values[:, max(0, point - width + 1) : point].transpose(1, 2)
     missing = width - 1 - kept.shape[-1]
     if missing:

@@ -1,10 +1,10 @@
-"""ShortConvolution: a short causal depthwise convolution over (B, L, C), on `kernels`.
+"""ShortConvolution: a short causal depthwise convolution over (B, L, C), on `mecheval_kernels`.
 
-Follows flash-linear-attention's `fla.modules.ShortConvolution`: an `nn.Conv1d` subclass (weight
-(C, 1, W), optional bias (C,)), input and output (B, L, C), an optional SiLU fused into the
-kernel, and `forward` returning `(y, final_state)`. Differences: the carried state is the last
-W - 1 inputs, (B, C, W - 1), as `kernels.causal_conv1d_fn` takes it (fla keeps W columns), and
-there is no `mask` / `residual` / `cu_seqlens`.
+Follows flash-linear-attention's `fla.modules.ShortConvolution`: an `nn.Conv1d` subclass (weight (C,
+1, W), optional bias (C,)), input and output (B, L, C), an optional SiLU fused into the kernel, and
+`forward` returning `(y, final_state)`. Differences: the carried state is the last W - 1 inputs, (B,
+C, W - 1), as `mecheval_kernels.causal_conv1d_fn` takes it (fla keeps W columns), and there is no
+`mask` / `residual` / `cu_seqlens`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import kernels
+import mecheval_kernels
 
 ACTIVATIONS = (None, "silu", "swish")
 
@@ -78,7 +78,7 @@ class ShortConvolution(nn.Conv1d):
             (y (B, L, C), final_state (B, C, W - 1) or None).
         """
         weight = self.weight[:, 0, :]
-        out = kernels.causal_conv1d_fn(
+        out = mecheval_kernels.causal_conv1d_fn(
             x.transpose(1, 2),
             weight,
             self.bias,

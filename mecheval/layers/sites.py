@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from kernels import ScanAt
+from mecheval_kernels import ScanAt
 
 
 @dataclass
@@ -149,12 +149,12 @@ def _apply(plan: SitePlan, x: torch.Tensor) -> torch.Tensor:
 class StateSite(nn.Module):
     """The recurrent state of a scan, h_t = the state after position t, as a site.
 
-    The layer hands `scan` its scan at positions (`kernels.at_positions` with a drop-in scan and
-    the layer's inputs bound) and the scan runs once: idle, plainly; active, also returning the
-    states after the positions a read asks for (`states_at`) and replacing the state after
-    each row's patch position inside the scan (`state_patch`: the outputs after it
-    see the patched state, the output at it the unpatched one). Reads come after patches (a read
-    of a patched state is the patched state). Every row may have its own positions.
+    The layer hands `scan` its scan at positions (`mecheval_kernels.at_positions` with a drop-in
+    scan and the layer's inputs bound) and the scan runs once: idle, plainly; active, also returning
+    the states after the positions a read asks for (`states_at`) and replacing the state after each
+    row's patch position inside the scan (`state_patch`: the outputs after it see the patched state,
+    the output at it the unpatched one). Reads come after patches (a read of a patched state is the
+    patched state). Every row may have its own positions.
 
     Args:
         name: the site's short name, "state".
@@ -180,7 +180,7 @@ class StateSite(nn.Module):
 
         Args:
             scan_at: the layer's scan at positions, taking the keywords states_at, out_at,
-                state_patch and return_final_state and returning a `kernels.ScanAt`.
+                state_patch and return_final_state and returning a `mecheval_kernels.ScanAt`.
             batch, length: the scan's B and L (positions are checked against them).
             out_at: (B,) the one position per row whose output is wanted, or None (all).
             return_final_state: whether the state after the last position is wanted.

@@ -70,7 +70,7 @@ class TrainConfig:
     eval_split: the split whose accuracy is tracked during training ("dev"); the final result
         reports dev and test.
     device: "auto" (CUDA if present), "cpu", "cuda", "cuda:1", ...
-    backend: kernel backend, "auto" | "triton" | "torch" (see kernels.backend).
+    backend: kernel backend, "auto" | "triton" | "torch" (see mecheval_kernels.backend).
     precision: "fp32" (the study's) or "bf16" (autocast, an explicit speed option on GPUs);
         the result records it.
     compile: torch.compile the model.

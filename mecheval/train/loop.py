@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-import kernels
+import mecheval_kernels
 from mecheval.config import ConfigError
 from mecheval.run_folder import files
 from mecheval.run_folder.checkpoints import (
@@ -153,7 +153,9 @@ def _train(configs: list[TrainConfig], folders: list[Path]) -> list[Any]:
                 files.write_run_config(folder, config)
                 todo.append(i)
         if todo:
-            with kernels.use_backend(configs[0].backend):  # the process default is restored after
+            with mecheval_kernels.use_backend(
+                configs[0].backend
+            ):  # the process default is restored after
                 done = _run([configs[i] for i in todo], [folders[i] for i in todo], task)
             for i, outcome in zip(todo, done, strict=True):
                 outcomes[i] = outcome

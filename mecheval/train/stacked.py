@@ -1,12 +1,12 @@
 """Stacked models: M models of one shape trained as one, with one forward, one backward and one
 optimizer update per step.
 
-The M models' weights are stacked along a new leading axis (`StackedModels.params`, leaf
-tensors); one forward is `torch.vmap` over `torch.func.functional_call` of the model class, so
-every layer runs its ordinary code, and each kernel op folds the model axis into an axis it
-already has (kernels.stacking). `StackedAdamW` is `torch.optim.AdamW` with a learning rate and a
-weight decay per model. Model k of a stack computes what it computes alone, to float rounding
-(the tests check weights after 100 steps to 1e-4 relative).
+The M models' weights are stacked along a new leading axis (`StackedModels.params`, leaf tensors);
+one forward is `torch.vmap` over `torch.func.functional_call` of the model class, so every layer
+runs its ordinary code, and each kernel op folds the model axis into an axis it already has
+(mecheval_kernels.stacking). `StackedAdamW` is `torch.optim.AdamW` with a learning rate and a weight
+decay per model. Model k of a stack computes what it computes alone, to float rounding (the tests
+check weights after 100 steps to 1e-4 relative).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-import kernels
+import mecheval_kernels
 from mecheval.train.config import TrainConfig, resolve_device, validate_config
 from mecheval.train.steps import fresh_model, make_step
 
@@ -39,7 +39,7 @@ def _measure(configs: list[TrainConfig], steps: int, warmup: int) -> float:
     config = configs[0]
     device = resolve_device(config.device)
     task = validate_config(config)
-    with kernels.use_backend(config.backend):
+    with mecheval_kernels.use_backend(config.backend):
         models, optimizers = [], []
         for c in configs:
             torch.manual_seed(c.seed)

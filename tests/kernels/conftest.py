@@ -33,11 +33,11 @@ class _NaNFilledEmpty:
 
 @pytest.fixture
 def nan_fresh_buffers(monkeypatch):
-    """Every buffer the delta-rule family's Triton host code (kernels.delta_rule.launch, both
-    ops) allocates starts as NaN: a kernel that reads memory nothing wrote (an unfilled tail, a
+    """Every buffer the delta-rule family's Triton host code (mecheval_kernels.delta_rule.launch,
+    both ops) allocates starts as NaN: a kernel that reads memory nothing wrote (an unfilled tail, a
     V or K block never stored) then returns NaN, which the parity checks refuse. Under the
     interpreter torch.empty often holds zeros, which hide it."""
-    from kernels.delta_rule import launch
+    from mecheval_kernels.delta_rule import launch
 
     monkeypatch.setattr(launch, "torch", _NaNFilledEmpty())
 

@@ -20,7 +20,7 @@ def test_kernels_compile_for_hopper(op):
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     done = subprocess.run(
-        [sys.executable, "-m", "kernels.compile_check", "--ops", op],
+        [sys.executable, "-m", "mecheval_kernels.compile_check", "--ops", op],
         cwd=REPO,
         env=env,
         capture_output=True,

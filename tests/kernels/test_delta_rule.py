@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import chunk_delta_rule
-from kernels.delta_rule import delta_rule_ref, op, torch_path
+from mecheval_kernels import chunk_delta_rule
+from mecheval_kernels.delta_rule import delta_rule_ref, op, torch_path
 from tests.kernels.tolerances import assert_close
 
 REPO = Path(__file__).resolve().parents[2]
@@ -394,7 +394,7 @@ def test_dispatch_between_the_triton_kernels(monkeypatch, device):
     assert op.kernel_for("triton", op.RECURRENT_MAX_LEN) == "recurrent"
     assert op.kernel_for("triton", op.RECURRENT_MAX_LEN + 1) == "chunked"
     assert op.kernel_for("torch", 1) == "chunked"
-    from kernels.delta_rule import launch
+    from mecheval_kernels.delta_rule import launch
 
     seen = []
     real_forward = launch.forward

@@ -14,7 +14,7 @@ import inspect
 import pytest
 import torch
 
-import kernels
+import mecheval_kernels
 
 PEERS = {
     "causal_conv1d_fn": (
@@ -88,7 +88,7 @@ OURS = {"selective_scan_fn": ("initial_state",)}
 
 @pytest.mark.parametrize("name", list(PEERS))
 def test_parameters_are_the_peers(name):
-    parameters = inspect.signature(getattr(kernels, name)).parameters.values()
+    parameters = inspect.signature(getattr(mecheval_kernels, name)).parameters.values()
     kinds = inspect.Parameter
     positional = [p.name for p in parameters if p.kind is kinds.POSITIONAL_OR_KEYWORD]
     keyword_only = [p.name for p in parameters if p.kind is kinds.KEYWORD_ONLY]
@@ -131,29 +131,31 @@ def _mamba2():
 
 def test_returns_are_the_peers():
     x, weight = _conv()
-    assert isinstance(kernels.causal_conv1d_fn(x, weight), torch.Tensor)
-    y, final = kernels.causal_conv1d_fn(x, weight, return_final_states=True)
+    assert isinstance(mecheval_kernels.causal_conv1d_fn(x, weight), torch.Tensor)
+    y, final = mecheval_kernels.causal_conv1d_fn(x, weight, return_final_states=True)
     assert final.shape == (2, 4, 2)
-    assert isinstance(kernels.selective_scan_fn(*_scan()), torch.Tensor)
-    out, last = kernels.selective_scan_fn(*_scan(), return_last_state=True)
+    assert isinstance(mecheval_kernels.selective_scan_fn(*_scan()), torch.Tensor)
+    out, last = mecheval_kernels.selective_scan_fn(*_scan(), return_last_state=True)
     assert last.shape == (2, 4, 3)
-    o, final = kernels.chunk_delta_rule(*_delta(False))
+    o, final = mecheval_kernels.chunk_delta_rule(*_delta(False))
     assert o.shape == (2, 7, 1, 4) and final is None
-    o, final = kernels.chunk_gated_delta_rule(*_delta(True), output_final_state=True)
+    o, final = mecheval_kernels.chunk_gated_delta_rule(*_delta(True), output_final_state=True)
     assert final.shape == (2, 1, 4, 4)
-    assert isinstance(kernels.mamba2_scan(*_mamba2(), 4), torch.Tensor)
-    out, final = kernels.mamba2_scan(*_mamba2(), 4, return_final_states=True)
+    assert isinstance(mecheval_kernels.mamba2_scan(*_mamba2(), 4), torch.Tensor)
+    out, final = mecheval_kernels.mamba2_scan(*_mamba2(), 4, return_final_states=True)
     assert final.shape == (2, 2, 3, 4)
 
 
 def test_final_states_out_is_written_and_returned():
     x, weight = _conv()
     into = torch.full((2, 4, 2), float("nan"))
-    _, final = kernels.causal_conv1d_fn(x, weight, return_final_states=True, final_states_out=into)
+    _, final = mecheval_kernels.causal_conv1d_fn(
+        x, weight, return_final_states=True, final_states_out=into
+    )
     assert final is into
     torch.testing.assert_close(into, x[:, :, -2:])
     with pytest.raises(ValueError, match=r"final_states_out must be a tensor of shape \(2, 4, 2\)"):
-        kernels.causal_conv1d_fn(
+        mecheval_kernels.causal_conv1d_fn(
             x, weight, return_final_states=True, final_states_out=torch.zeros(2, 4, 3)
         )
 
@@ -161,18 +163,25 @@ def test_final_states_out_is_written_and_returned():
 @pytest.mark.parametrize(
     "call, argument",
     [
-        (lambda: kernels.causal_conv1d_fn(*_conv(), seq_idx=torch.zeros(2, 7)), "seq_idx"),
+        (lambda: mecheval_kernels.causal_conv1d_fn(*_conv(), seq_idx=torch.zeros(2, 7)), "seq_idx"),
         (
-            lambda: kernels.chunk_delta_rule(*_delta(False), cu_seqlens=torch.tensor([0, 7])),
+            lambda: mecheval_kernels.chunk_delta_rule(
+                *_delta(False), cu_seqlens=torch.tensor([0, 7])
+            ),
             "cu_seqlens",
         ),
-        (lambda: kernels.chunk_delta_rule(*_delta(False), head_first=True), "head_first"),
+        (lambda: mecheval_kernels.chunk_delta_rule(*_delta(False), head_first=True), "head_first"),
         (
-            lambda: kernels.chunk_gated_delta_rule(*_delta(True), cu_seqlens=torch.tensor([0, 7])),
+            lambda: mecheval_kernels.chunk_gated_delta_rule(
+                *_delta(True), cu_seqlens=torch.tensor([0, 7])
+            ),
             "cu_seqlens",
         ),
-        (lambda: kernels.chunk_gated_delta_rule(*_delta(True), head_first=True), "head_first"),
-        (lambda: kernels.mamba2_scan(*_mamba2(), seq_idx=torch.zeros(2, 7)), "seq_idx"),
+        (
+            lambda: mecheval_kernels.chunk_gated_delta_rule(*_delta(True), head_first=True),
+            "head_first",
+        ),
+        (lambda: mecheval_kernels.mamba2_scan(*_mamba2(), seq_idx=torch.zeros(2, 7)), "seq_idx"),
     ],
 )
 def test_unsupported_peer_arguments_are_refused_by_name(call, argument):

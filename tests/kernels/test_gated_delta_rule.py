@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from kernels import chunk_delta_rule, chunk_gated_delta_rule
-from kernels.delta_rule import torch_path
-from kernels.gated_delta_rule import gated_delta_rule_ref
+from mecheval_kernels import chunk_delta_rule, chunk_gated_delta_rule
+from mecheval_kernels.delta_rule import torch_path
+from mecheval_kernels.gated_delta_rule import gated_delta_rule_ref
 from tests.kernels.tolerances import assert_close
 
 GRAD_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dinitial_state")
@@ -243,7 +243,7 @@ def test_gradcheck_float64_torch_path(monkeypatch, with_init):
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_vmap_folds_models_into_heads(backend):
-    """Stacked models (kernels.stacking): vmap over a model axis equals a loop over models,
+    """Stacked models (mecheval_kernels.stacking): vmap over a model axis equals a loop over models,
     outputs and every gradient."""
     M, B, T, H, K, V = 3, 2, 9, 2, 4, 4
     gen = torch.Generator().manual_seed(0)

@@ -1,7 +1,7 @@
-"""mamba2_scan against its reference (the per-step recurrence, kernels.ssd.reference): forward,
-every gradient, the chunked PyTorch path across chunk boundaries, the Triton path (the selective
-scan's kernels, under the interpreter on CPU), initial and final states, states at positions,
-vmap, torch.compile, extreme inputs, bad input.
+"""mamba2_scan against its reference (the per-step recurrence, mecheval_kernels.ssd.reference):
+forward, every gradient, the chunked PyTorch path across chunk boundaries, the Triton path (the
+selective scan's kernels, under the interpreter on CPU), initial and final states, states at
+positions, vmap, torch.compile, extreme inputs, bad input.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.func import vmap
 
-from kernels import mamba2_scan
-from kernels.ssd import mamba2_scan_ref
+from mecheval_kernels import mamba2_scan
+from mecheval_kernels.ssd import mamba2_scan_ref
 from tests.kernels.tolerances import assert_close
 
 NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
@@ -185,7 +185,7 @@ def test_splitting_the_scan_and_carrying_the_state_equals_one_scan(device, backe
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_vmap_over_stacked_models_equals_a_loop(backend):
-    """torch.vmap over a model axis (kernels.stacking) gives each model's own outputs and
+    """torch.vmap over a model axis (mecheval_kernels.stacking) gives each model's own outputs and
     gradients; the groups' B and C differ per model."""
     M, case = 3, Case(length=9)
     per_model = [make_inputs(case, seed=k) for k in range(M)]

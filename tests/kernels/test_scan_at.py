@@ -1,4 +1,4 @@
-"""The scans at positions (kernels.at_positions over selective_scan_fn, mamba2_scan,
+"""The scans at positions (mecheval_kernels.at_positions over selective_scan_fn, mamba2_scan,
 chunk_delta_rule, chunk_gated_delta_rule): states after positions and outputs at positions
 against each op's per-step reference, and a patched state against the reference resumed from
 the patch on each row's suffix, without gradients and with them (the gradients too); bad
@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from kernels import (
+from mecheval_kernels import (
     ScanAt,
     at_positions,
     chunk_delta_rule,
@@ -21,12 +21,12 @@ from kernels import (
     mamba2_scan,
     selective_scan_fn,
 )
-from kernels.delta_rule import delta_rule_ref
-from kernels.delta_rule import torch_path as delta_torch_path
-from kernels.gated_delta_rule import gated_delta_rule_ref
-from kernels.selective_scan import selective_scan_ref
-from kernels.selective_scan import torch_path as scan_torch_path
-from kernels.ssd import mamba2_scan_ref
+from mecheval_kernels.delta_rule import delta_rule_ref
+from mecheval_kernels.delta_rule import torch_path as delta_torch_path
+from mecheval_kernels.gated_delta_rule import gated_delta_rule_ref
+from mecheval_kernels.selective_scan import selective_scan_ref
+from mecheval_kernels.selective_scan import torch_path as scan_torch_path
+from mecheval_kernels.ssd import mamba2_scan_ref
 
 BATCH, LENGTH = 3, 11
 
@@ -287,8 +287,8 @@ def test_bad_arguments_are_refused_by_name(spec):
 def test_a_scan_that_is_not_a_drop_in_is_refused_by_type():
     x = SPECS[0].inputs(seed=5)
     allowed = (
-        "kernels.selective_scan_fn, kernels.mamba2_scan, kernels.chunk_delta_rule, "
-        "kernels.chunk_gated_delta_rule"
+        "mecheval_kernels.selective_scan_fn, mecheval_kernels.mamba2_scan, "
+        "mecheval_kernels.chunk_delta_rule, mecheval_kernels.chunk_gated_delta_rule"
     )
     for scan in (selective_scan_ref, "selective_scan_fn", [selective_scan_fn]):
         with pytest.raises(TypeError, match=f"scan must be one of {allowed}, got"):

@@ -13,8 +13,8 @@ import dataclasses
 import pytest
 import torch
 
-from kernels import selective_scan_fn
-from kernels.selective_scan import selective_scan_ref
+from mecheval_kernels import selective_scan_fn
+from mecheval_kernels.selective_scan import selective_scan_ref
 from tests.kernels.tolerances import assert_close
 
 INPUT_NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state")
@@ -261,7 +261,7 @@ def test_torch_path_fp16_matches_reference(case):
 def test_torch_path_long_sequence_spans_many_chunks(monkeypatch):
     """Chunk boundaries and batch tiles inside the PyTorch path (normally sized by a memory
     budget): tiles of one row, chunks of 7 positions."""
-    from kernels.selective_scan import torch_path
+    from mecheval_kernels.selective_scan import torch_path
 
     monkeypatch.setattr(torch_path, "CHUNK_ELEMENTS", 6 * 5 * 7)
     monkeypatch.setattr(torch_path, "MIN_CHUNK", 7)
@@ -289,7 +289,7 @@ def test_torch_path_long_sequence_spans_many_chunks(monkeypatch):
     ids=["var-all-options", "fixed-group"],
 )
 def test_gradcheck_float64_torch_path(monkeypatch, case):
-    from kernels.selective_scan import torch_path
+    from mecheval_kernels.selective_scan import torch_path
 
     # Tiles of one row and chunks of 2 positions, so the carried state and adjoint cross chunk
     # boundaries and the gradients of shared inputs are summed over tiles.
@@ -371,7 +371,7 @@ class _NaNBuffers:
 def nan_buffers(monkeypatch) -> _NaNBuffers:
     """The Triton op's freshly allocated buffers (outputs, checkpoints, partial sums) start
     as NaN for the duration of the test."""
-    from kernels.selective_scan import launch
+    from mecheval_kernels.selective_scan import launch
 
     poison = _NaNBuffers()
     monkeypatch.setattr(launch, "torch", poison)
@@ -399,7 +399,7 @@ NAN_BUFFER_CASES = [
 def test_triton_reads_only_what_was_written(monkeypatch, nan_buffers, device, case, tile):
     """Parity with fresh buffers filled with NaN: no read of memory that nothing wrote."""
     if tile is not None:
-        from kernels.selective_scan import launch
+        from mecheval_kernels.selective_scan import launch
 
         monkeypatch.setattr(launch, "TILE_ELEMENTS", tile)
     check_against_reference(case, torch.float32, device, "triton")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import causal_conv1d_fn
-from kernels.short_conv import causal_conv1d_ref
+from mecheval_kernels import causal_conv1d_fn
+from mecheval_kernels.short_conv import causal_conv1d_ref
 from tests.kernels.tolerances import assert_close
 
 D = 37  # not a power of two

@@ -1,5 +1,5 @@
-"""The ops under torch.vmap (stacked models, kernels.stacking): the model axis folded into the
-channels or heads gives what each model computes alone, outputs and gradients, on both
+"""The ops under torch.vmap (stacked models, mecheval_kernels.stacking): the model axis folded
+into the channels or heads gives what each model computes alone, outputs and gradients, on both
 backends."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from kernels import causal_conv1d_fn, chunk_delta_rule, selective_scan_fn
+from mecheval_kernels import causal_conv1d_fn, chunk_delta_rule, selective_scan_fn
 
 M, B, D, L, N, W = 3, 2, 8, 11, 4, 4
 H, K, V = 2, 4, 4

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
+import mecheval_kernels
 from mecheval.models import ARCHITECTURES, build_model
 
 V, D, L, B = 40, 16, 8, 2
@@ -158,9 +158,9 @@ def test_triton_backend_matches_torch_backend(arch, device):
         F.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
         return logits.detach(), {n: p.grad.clone() for n, p in used_parameters(arch, model)}
 
-    with kernels.use_backend("torch"):
+    with mecheval_kernels.use_backend("torch"):
         ref_logits, ref_grads = run()
-    with kernels.use_backend("triton"):
+    with mecheval_kernels.use_backend("triton"):
         logits, grads = run()
     torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=1e-4)
     for name, grad in grads.items():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
+import mecheval_kernels
 from mecheval.interventions import interchange_grid
 from mecheval.models import build_model
 from mecheval.tasks import make_task
@@ -57,6 +57,6 @@ def test_selective_scan_with_batch_zero_is_refused_by_name():
     A = -torch.rand(d, n)
     B = torch.randn(0, n, length)
     with pytest.raises(ValueError, match=r"selective_scan_fn: u .* \(batch B >= 1\), got B = 0"):
-        kernels.selective_scan_fn(u, u, A, B, B, backend="torch")
+        mecheval_kernels.selective_scan_fn(u, u, A, B, B, backend="torch")
     with pytest.raises(ValueError, match="got B = 0"):
-        kernels.selective_scan_fn(u, u, A, B, B, backend="triton")
+        mecheval_kernels.selective_scan_fn(u, u, A, B, B, backend="triton")

@@ -11,17 +11,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
-from kernels.delta_rule.reference import delta_rule_ref, gated_delta_rule_ref
-from kernels.ssd.reference import mamba2_scan_ref
+import mecheval_kernels
+from mecheval_kernels.delta_rule.reference import delta_rule_ref, gated_delta_rule_ref
+from mecheval_kernels.ssd.reference import mamba2_scan_ref
 
 NAN = float("nan")
 T = 150  # three chunks of the delta rules (64), five of the SSD (32)
 AT = torch.tensor([[3, 66, 149], [0, 70, 120]])  # states read back (delta rules)
 # (the op, its reference, whether it takes log decays g)
 DELTA_RULES = {
-    "delta_rule": (kernels.chunk_delta_rule, delta_rule_ref, False),
-    "gated_delta_rule": (kernels.chunk_gated_delta_rule, gated_delta_rule_ref, True),
+    "delta_rule": (mecheval_kernels.chunk_delta_rule, delta_rule_ref, False),
+    "gated_delta_rule": (mecheval_kernels.chunk_gated_delta_rule, gated_delta_rule_ref, True),
 }
 
 
@@ -64,7 +64,7 @@ def _gated_inputs(gated: bool = True) -> dict[str, torch.Tensor]:
 )
 def test_a_nan_in_a_delta_rule_stays_causal(rule, name, index):
     op, reference, gated = DELTA_RULES[rule]
-    op_at = functools.partial(kernels.at_positions, op)
+    op_at = functools.partial(mecheval_kernels.at_positions, op)
     inputs = _gated_inputs(gated)
     inputs[name][index] = NAN
     o, final, states = op_at(**inputs, states_at=AT, return_final_state=True, backend="torch")
@@ -86,7 +86,7 @@ def test_positive_log_decays_are_refused_by_name():
     inputs = _gated_inputs()
     inputs["g"][0, 5, 1] = 0.25
     with pytest.raises(ValueError, match=r"g \(the log decays\) must be <= 0.*largest 0\.25"):
-        kernels.chunk_gated_delta_rule(**inputs, backend="torch")
+        mecheval_kernels.chunk_gated_delta_rule(**inputs, backend="torch")
 
 
 def _ssd_inputs() -> dict[str, torch.Tensor]:
@@ -118,7 +118,7 @@ def _ssd_inputs() -> dict[str, torch.Tensor]:
 def test_a_nan_in_mamba2_scan_stays_causal(name, index):
     inputs = _ssd_inputs()
     inputs[name][index] = NAN
-    out, final = kernels.mamba2_scan(
+    out, final = mecheval_kernels.mamba2_scan(
         **inputs, dt_softplus=True, return_final_states=True, backend="torch"
     )
     out_ref, final_ref = mamba2_scan_ref(**inputs, dt_softplus=True, return_final_states=True)
@@ -129,16 +129,20 @@ def test_a_nan_in_mamba2_scan_stays_causal(name, index):
 def test_finite_inputs_give_the_same_outputs_down_the_masking_path(monkeypatch):
     """On a GPU, and under torch.compile, the PyTorch paths always take the masking path (no
     read of the inputs' finiteness): with finite inputs it gives what the plain path gives."""
-    from kernels.delta_rule import nonfinite
-    from kernels.ssd import chunked
+    from mecheval_kernels.delta_rule import nonfinite
+    from mecheval_kernels.ssd import chunked
 
     delta, gated, ssd = _gated_inputs(False), _gated_inputs(), _ssd_inputs()
 
     def run() -> tuple:
         return (
-            kernels.chunk_delta_rule(**delta, output_final_state=True, backend="torch"),
-            kernels.chunk_gated_delta_rule(**gated, output_final_state=True, backend="torch"),
-            kernels.mamba2_scan(**ssd, dt_softplus=True, return_final_states=True, backend="torch"),
+            mecheval_kernels.chunk_delta_rule(**delta, output_final_state=True, backend="torch"),
+            mecheval_kernels.chunk_gated_delta_rule(
+                **gated, output_final_state=True, backend="torch"
+            ),
+            mecheval_kernels.mamba2_scan(
+                **ssd, dt_softplus=True, return_final_states=True, backend="torch"
+            ),
         )
 
     plain = run()
@@ -159,7 +163,7 @@ def test_a_nan_in_one_stacked_model_stays_in_that_model_and_causal():
     stacked = [torch.stack([m[name] for m in models]) for name in names]
 
     def scan(x, dt, A, B, C, z):
-        return kernels.mamba2_scan(x, dt, A, B, C, z=z, dt_softplus=True, backend="torch")
+        return mecheval_kernels.mamba2_scan(x, dt, A, B, C, z=z, dt_softplus=True, backend="torch")
 
     out = torch.vmap(scan)(*stacked)
     for m, inputs in enumerate(models):

@@ -143,11 +143,11 @@ def test_cli_train_writes_the_run_folder(tmp_path):
 
 def test_training_restores_the_kernel_backend(tmp_path):
     """A run sets the kernel backend of its config for its own duration only."""
-    import kernels
+    import mecheval_kernels
 
-    with kernels.use_backend("auto"):
+    with mecheval_kernels.use_backend("auto"):
         train(load_train_config(None, [*TINY, "steps=2"]), tmp_path)
-        assert kernels.get_backend() == "auto"
+        assert mecheval_kernels.get_backend() == "auto"
 
 
 def test_accuracy_keeps_the_models_mode():
