@@ -44,6 +44,8 @@ setup(
             "hypothesis>=6",
             "pyvene>=0.1.8",
             "transformers>=4.45",
+            # Its naive references (pure PyTorch, CPU) are the oracles of the delta-rule family.
+            "flash-linear-attention==0.6.0",
         ],
         "dist": ["ray>=2.9"],
         "dev": ["ruff>=0.5"],
