@@ -28,7 +28,7 @@ METHODS = {"ours (batched)": das, "each alone (hook loop)": das_loop}
 def data():
     torch.optim.Adam([torch.zeros(1, requires_grad=True)])  # its one-time imports, out of both
     batch = TASK.sample(320, seed=0, split="dev")
-    return batch, TASK.corrupt(batch, at="key", seed=0)
+    return batch, TASK.corrupt(batch, "key", seed=0)
 
 
 @pytest.mark.parametrize("method", list(METHODS))

@@ -33,7 +33,7 @@ METHODS = {
 @pytest.fixture(scope="module")
 def data():
     batch = TASK.sample(320, seed=0, split="dev")
-    return batch, TASK.corrupt(batch, at="key", seed=0)
+    return batch, TASK.corrupt(batch, "key", seed=0)
 
 
 @pytest.fixture(scope="module", params=ARCHS)

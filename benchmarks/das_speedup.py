@@ -84,7 +84,7 @@ def main() -> None:
     torch.optim.Adam([torch.zeros(1, requires_grad=True)])  # its one-time imports, out of both
     task = make_task("ar")
     batch = task.sample(320, seed=0, split="dev")
-    corrupted = task.corrupt(batch, at="key", seed=0)
+    corrupted = task.corrupt(batch, "key", seed=0)
     rows = []
     header = (
         "| arch | combinations | steps | ours: CPU s | one at a time: CPU s | speed-up | same |"

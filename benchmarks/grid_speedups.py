@@ -66,7 +66,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     task = make_task("ar")
     batch = task.sample(320, seed=0, split="dev")
-    corrupted = task.corrupt(batch, at="key", seed=0)
+    corrupted = task.corrupt(batch, "key", seed=0)
     rows = []
     print("| arch | positions | ours: CPU s (wall) | per-cell loop: CPU s (wall) | speed-up |")
     print("|---|---|---|---|---|")

@@ -383,7 +383,7 @@ def _grid_check(name: str, d_model: int, options: dict, seed: int, atol, rtol) -
         for p in model.parameters():
             p.mul_(4.0)
     batch = task.sample(6, seed=seed, split="dev")
-    corrupted = task.corrupt(batch, at="key", seed=seed)
+    corrupted = task.corrupt(batch, "key", seed=seed)
     fast = interchange_grid(model.eval(), batch, corrupted)
     slow = per_cell_loop(model, batch, corrupted)
     keys = ["example", "layer", "site", "position"]

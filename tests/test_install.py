@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -47,10 +48,15 @@ def _python(code: str, cwd: Path, **env: str) -> list[str]:
 @pytest.mark.slow
 def test_an_installed_mecheval_imports_beside_hugging_face_kernels(tmp_path):
     _hugging_face_kernels()
-    site = tmp_path / "site"
+    site, source = tmp_path / "site", tmp_path / "source"  # pip builds inside its source
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True)
+    for name in tracked.stdout.splitlines():
+        if (REPO / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
     install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
     done = subprocess.run(
-        [*install, "--target", str(site), str(REPO)], capture_output=True, text=True
+        [*install, "--target", str(site), str(source)], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert (site / "mecheval_kernels" / "short_conv" / "op.py").is_file()

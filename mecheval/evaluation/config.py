@@ -21,6 +21,8 @@ from mecheval.run_folder import LATEST
 
 CORRUPTIONS = ("key", "value")
 POSITIONS = ("key", "value", "divider", "query", "value+1", "value+2")
+"""AR's and ATR's: what `corruptions` and `positions` left unset (None) mean for their tasks;
+a task's own are its corruptions and `task_positions(task)`."""
 SPLITS = ("dev", "test")
 
 
@@ -31,8 +33,10 @@ class EvaluateConfig:
 
     Attributes:
         split: the documents patched (dev or test).
-        corruptions: what the corrupted documents change (key, value).
-        positions: the positions patched, by name (see mecheval.interventions.positions).
+        corruptions: the task's corruptions the grids run (None: all of the task's; key and
+            value for AR).
+        positions: the positions patched, by name (see mecheval.interventions.positions;
+            None: `task_positions`, AR's key, value, divider, query, value+1, value+2).
         device: where the grids run (cpu, cuda, cuda:N, or auto).
         seed: the corruption's seed (>= 0).
         memory_budget: bytes a grid may hold at once (larger grids run in chunks).
@@ -41,8 +45,8 @@ class EvaluateConfig:
     """
 
     split: str = "dev"
-    corruptions: list[str] = dataclasses.field(default_factory=lambda: list(CORRUPTIONS))
-    positions: list[str] = dataclasses.field(default_factory=lambda: list(POSITIONS))
+    corruptions: list[str] | None = None
+    positions: list[str] | None = None
     device: str = "cpu"
     seed: int = 0
     memory_budget: int = 1 << 30
@@ -89,6 +93,14 @@ class DasOptions:
     step: int | Literal["latest"] | None = None
 
 
+def task_positions(task) -> list[str]:
+    """The positions a task's runs are evaluated at by default: the roles among key, value,
+    divider and query it declares, and value+1, value+2 where it has a value (the study's conv
+    read-outs; AR's default is POSITIONS)."""
+    named = [name for name in ("key", "value", "divider", "query") if name in task.roles]
+    return named + (["value+1", "value+2"] if "value" in task.roles else [])
+
+
 class OptionError(ConfigError):
     """An evaluation option (a field of EvaluateConfig) that cannot be used."""
 
@@ -129,13 +141,12 @@ def check_options(options: EvaluateConfig) -> EvaluateConfig:
 
     if options.split not in SPLITS:
         raise OptionError("split", f"must be {' or '.join(SPLITS)}, got {options.split!r}")
-    corruptions = _names("corruptions", options.corruptions, "corrupted positions")
-    for at in corruptions:
-        if at not in CORRUPTIONS:
-            allowed = " and/or ".join(CORRUPTIONS)
-            raise OptionError("corruptions", f"{at!r} cannot be corrupted: use {allowed}")
-    positions = _names("positions", options.positions, "positions")
-    for label in positions:
+    corruptions, positions = options.corruptions, options.positions
+    if corruptions is not None:  # each checked against the run's task (evaluation.documents)
+        corruptions = _names("corruptions", corruptions, "corruption names")
+    if positions is not None:
+        positions = _names("positions", positions, "positions")
+    for label in positions or ():
         if label != "all":
             try:
                 parse_position(label)

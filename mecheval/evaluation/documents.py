@@ -17,10 +17,11 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 
-from mecheval.evaluation.config import EvaluateConfig, OptionError
+from mecheval.evaluation.config import EvaluateConfig, OptionError, task_positions
 from mecheval.interventions.positions import expand_positions, inside_documents, parse_position
 from mecheval.tasks import Batch, Task
 from mecheval.train.config import TrainConfig, build_task
@@ -32,7 +33,9 @@ class EvaluationDocuments:
 
     Attributes:
         task: the task (with the evaluation's corruption options).
-        batch: the documents (on CPU).
+        batch: the documents (on CPU), one row per (document, answer).
+        corruptions: the corruptions evaluated (the options', or the task's own).
+        positions: the position specs evaluated (the options', or `task_positions(task)`).
         corrupted: per corruption ("key", "value"), the corrupted tokens (n, L).
         groups: the position labels in groups that lie inside the same documents, each with
             those documents' indices (None: every document).
@@ -41,6 +44,8 @@ class EvaluationDocuments:
 
     task: Task
     batch: Batch
+    corruptions: list[str]
+    positions: list[str]
     corrupted: dict[str, torch.Tensor]
     groups: list[tuple[list[str], torch.Tensor | None]]
     skipped: dict[str, int]
@@ -76,22 +81,39 @@ def evaluation_documents(
     where = f"{options.split} document of {task.label()}"
     groups: dict[bytes, tuple[list[str], torch.Tensor]] = {}
     skipped = {}
-    for label in expand_positions(options.positions, batch.width):
+    positions = options.positions or task_positions(task)
+    for label in expand_positions(positions, batch.width, batch.roles):
+        parsed = parse_position(label)
+        if not isinstance(parsed, int) and parsed[0] not in batch.roles:
+            raise OptionError(
+                "positions",
+                f"{label!r} is not a position of {task.name}'s documents: use its roles "
+                f"({', '.join(batch.roles)}), optionally shifted (value+1, key-1), an index "
+                "(0, 1, ...), or all",
+            )
         inside = inside_documents(label, batch)
         if not inside.any():
             raise OptionError("positions", _outside_everywhere(label, batch, where))
         if not inside.all():
             skipped[label] = int((~inside).sum())
         groups.setdefault(inside.numpy().tobytes(), ([], inside))[0].append(label)
+    corruptions = options.corruptions or list(task.corruptions)
     corrupted = {}
-    for at in options.corruptions:
+    for at in corruptions:
+        if at not in task.corruptions:
+            allowed = " and/or ".join(task.corruptions)
+            raise OptionError(
+                "corruptions", f"{at!r} is not a corruption of {task.name}: use {allowed}"
+            )
         try:
-            corrupted[at] = task.corrupt(batch, at=at, seed=options.seed)
+            corrupted[at] = task.corrupt(batch, at, seed=options.seed)
         except ValueError as error:
             raise OptionError("corruptions", str(error)) from None
     return EvaluationDocuments(
         task=task,
         batch=batch,
+        corruptions=corruptions,
+        positions=positions,
         corrupted=corrupted,
         groups=[
             (labels, None if inside.all() else inside.nonzero()[:, 0])
@@ -136,8 +158,9 @@ def documents_of(
 
 @torch.no_grad()
 def document_records(model, batch) -> pd.DataFrame:
-    """Per evaluation document: example index, key and query positions, distance (query -
-    key), correct (the answer is the argmax at the query), p_answer (its probability)."""
+    """Per evaluation row (document, answer): example index, document, key and query
+    positions, distance (query - key; NaN for a task without a key role), correct (the answer
+    is the argmax at the query), p_answer (its probability)."""
     was_training = model.training
     model.eval()
     correct, p_answer = [], []
@@ -148,13 +171,15 @@ def document_records(model, batch) -> pd.DataFrame:
         correct.append(logits.argmax(-1) == part.answers)
         p_answer.append(logits.softmax(-1).gather(1, part.answers[:, None])[:, 0])
     model.train(was_training)
-    key, query = batch.positions["key"].cpu(), batch.positions["query"].cpu()
+    query = batch.positions["query"].cpu().numpy()
+    key = batch.positions["key"].cpu().numpy() if "key" in batch.positions else np.nan
     return pd.DataFrame(
         {
             "example": range(len(batch)),
-            "key_position": key.numpy(),
-            "query_position": query.numpy(),
-            "distance": (query - key).numpy(),
+            "document": batch.documents().cpu().numpy(),
+            "key_position": key,
+            "query_position": query,
+            "distance": query - key,
             "correct": torch.cat(correct).cpu().numpy(),
             "p_answer": torch.cat(p_answer).cpu().numpy(),
         }

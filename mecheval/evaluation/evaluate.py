@@ -40,13 +40,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm.auto import tqdm
 
-from mecheval.evaluation.config import (
-    CORRUPTIONS,
-    DEFAULTS,
-    POSITIONS,
-    EvaluateConfig,
-    check_options,
-)
+from mecheval.evaluation.config import DEFAULTS, EvaluateConfig, check_options
 from mecheval.evaluation.documents import (
     EvaluationDocuments,
     document_records,
@@ -90,8 +84,8 @@ def _plans(
 
 def evaluate_run(
     run_dir: str | Path,
-    corruptions: Sequence[str] = CORRUPTIONS,
-    positions: Sequence[str] = POSITIONS,
+    corruptions: Sequence[str] | None = None,
+    positions: Sequence[str] | None = None,
     split: str = DEFAULTS.split,
     device: str = DEFAULTS.device,
     seed: int = DEFAULTS.seed,
@@ -120,8 +114,8 @@ def evaluate_run(
     options = check_options(
         EvaluateConfig(
             split=split,
-            corruptions=list(corruptions),
-            positions=list(positions),
+            corruptions=None if corruptions is None else list(corruptions),
+            positions=None if positions is None else list(positions),
             device=device,
             seed=seed,
             memory_budget=memory_budget,
@@ -137,11 +131,11 @@ def _settings(plan: _RunPlan, options: EvaluateConfig) -> dict:
     task = plan.documents.task
     state = read_state(plan.checkpoint)
     return {
-        "corruptions": options.corruptions,
-        "positions": options.positions,
+        "corruptions": plan.documents.corruptions,
+        "positions": plan.documents.positions,
         "split": options.split,
         "seed": options.seed,
-        "corruption": {at: task.corruption_metadata(at) for at in options.corruptions},
+        "corruption": {at: task.corruption_metadata(at) for at in plan.documents.corruptions},
         "checkpoint": {
             "step": plan.step,
             "sha256": weights_sha256(state),
@@ -164,7 +158,7 @@ def _evaluate(plan: _RunPlan, options: EvaluateConfig, force: bool) -> pd.DataFr
     batch = documents.batch.to(device)
     examples = document_records(model, batch)
     frames = []
-    for at in options.corruptions:
+    for at in documents.corruptions:
         corrupted = documents.corrupted[at].to(device)
         grid = _grids(model, batch, corrupted, documents.groups, options.memory_budget)
         low, high = documents.task.replacement_range(at)

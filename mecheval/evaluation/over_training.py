@@ -63,24 +63,29 @@ def parse_conv_column(name: str) -> tuple[str, int, str] | None:
 def readout_grids(
     model, batch, corrupted, memory_budget: int = DEFAULTS.memory_budget
 ) -> pd.DataFrame:
-    """The interchange grid of the read-out cells (see the module docstring)."""
+    """The interchange grid of the read-out cells (see the module docstring) the task's roles
+    support (a read-out at a role the documents lack is left out: not applicable)."""
     depth = len(model.layers)
     cells = readout_cells(depth)
     layers = sorted({layer for layer, _, _ in cells.values()})
     sites = sorted({site for _, site, _ in cells.values()})
-    positions = list(dict.fromkeys(position for _, _, position in cells.values()))
-    grids = [
-        interchange_grid(
-            model,
-            batch,
-            corrupted,
-            layers=layers,
-            sites=sites,
-            positions=positions,
-            memory_budget=memory_budget,
-        )
-    ]
-    names = set(model.site_names())
+    positions = [p for p in dict.fromkeys(p for _, _, p in cells.values()) if p in batch.roles]
+    grids = (
+        []
+        if not positions
+        else [
+            interchange_grid(
+                model,
+                batch,
+                corrupted,
+                layers=layers,
+                sites=sites,
+                positions=positions,
+                memory_budget=memory_budget,
+            )
+        ]
+    )
+    names = set(model.site_names()) if "value" in batch.roles else set()
     for site in CONV_SITES:
         conv_layers = [layer for layer in range(depth) if f"layers.{layer}.{site}" in names]
         if conv_layers:
@@ -153,8 +158,10 @@ def evaluate_over_training(
     rows = []
     for step, path in checkpoints:
         model, task, config = load_trained_model(run_dir, device=device, checkpoint=path)
+        if "key" not in task.corruptions:
+            return pd.DataFrame()  # the read-outs corrupt the key: not applicable
         batch = task.dataset(split, size=config.task.eval_size).to(device)
-        corrupted = task.corrupt(batch, at="key", seed=seed)
+        corrupted = task.corrupt(batch, "key", seed=seed)
         grid = readout_grids(model, batch, corrupted, memory_budget=memory_budget)
         main = grid[~grid["site"].isin(CONV_SITES)]
         scores = readout(main).iloc[0].to_dict()

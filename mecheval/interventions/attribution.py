@@ -52,7 +52,7 @@ def attribution_patching(
 
     p_original = F.softmax(clean.float(), -1)[rows, answers].detach()
     p_corrupted = p_answer.detach()
-    labels = expand_positions(positions, batch.tokens.shape[1])
+    labels = expand_positions(positions, batch.width, batch.roles)
     frames = []
     for ref in refs:
         act = base_acts[ref.name]

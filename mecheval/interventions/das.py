@@ -137,7 +137,7 @@ def das(
     Args:
         model: a `mecheval.models` model (its weights are not changed).
         batch: the original documents (sources), a task `Batch`.
-        corrupted: (n, L) their counterfactuals (bases), e.g. `task.corrupt(batch, at="key")`.
+        corrupted: (n, L) their counterfactuals (bases), e.g. `task.corrupt(batch, "key")`.
         sites: short site names ("block_input", "state", ...; default every site).
         positions: position specs as the interchange grid takes them (default the named ones).
         dims: subspace sizes k; those above a site's width are left out for it, and the width

@@ -93,7 +93,7 @@ def prepare(model, batch, corrupted, sites, positions, dims, layers, holdout: fl
     dims = sorted({int(k) for k in dims})
     if not dims or dims[0] < 1:
         raise ValueError(f"dims must be subspace sizes >= 1, got {dims}")
-    labels = expand_positions(positions, length)
+    labels = expand_positions(positions, length, batch.roles)
     where = {label: resolve_position(label, batch) for label in labels}
     query = batch.positions["query"]
     needed = int(query.max()) + 1

@@ -43,7 +43,7 @@ def per_cell_loop(
     n, length = batch.tokens.shape
     rows = torch.arange(n, device=device)
     query, answers = batch.positions["query"], batch.answers
-    labels = expand_positions(positions, length)
+    labels = expand_positions(positions, length, batch.roles)
 
     clean = _answer_distribution(model, batch.tokens, query)
     log_p_original = F.log_softmax(clean, -1)

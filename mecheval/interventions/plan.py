@@ -267,7 +267,7 @@ def plan_grid(
     device = next(model.parameters()).device
     batch = batch.to(device)
     n, length = batch.tokens.shape
-    labels = expand_positions(positions, length)
+    labels = expand_positions(positions, length, batch.roles)
     where = {label: resolve_position(label, batch) for label in labels}
     query = batch.positions["query"]
     all_positions = torch.cat([where[label] for label in labels])

@@ -102,7 +102,7 @@ class LanguageModel(nn.Module):
             residual: (B, L, d_model), the residual stream entering that block.
             positions: optional (B,) integer, one position per row: the head then runs only
                 there (the loss and the interventions read one position; at vocab 8195 the
-                head dominates a small model's step).
+                head dominates a small model's step); or (B, P), P positions per row.
             resumes: optional, one `Resume` per block run: each block's mixer continues from
                 its context and leaves the context after these positions in it (see
                 `resume_from`, the form that returns them).
@@ -115,8 +115,9 @@ class LanguageModel(nn.Module):
                 and `positions` are then ignored).
 
         Returns:
-            logits (B, L, vocab_size), or (B, vocab_size) at `positions`; (B, L, d_model) or
-            (B, d_model) for head "hidden"; None without head.
+            logits (B, L, vocab_size), or (B, vocab_size) at `positions` ((B, P, vocab_size)
+            at (B, P) positions); (B, L, d_model) or (B, d_model) for head "hidden"; None
+            without head.
         """
         self._check_run(layer_index, residual, positions, head)
         if stop is not None:
@@ -134,8 +135,8 @@ class LanguageModel(nn.Module):
         # last mixer, the last block's MLP runs at those positions alone.
         keep = None
         last = blocks[-1] if blocks else None
-        if positions is not None and last is not None and last.after_mixer_idle():
-            keep = positions
+        if positions is not None and positions.dim() == 1 and last is not None:
+            keep = positions if last.after_mixer_idle() else None
         if not head and last is not None and last.after_mixer_idle():
             keep = torch.zeros(residual.shape[0], dtype=torch.long, device=residual.device)
         for i, block in enumerate(blocks):
@@ -149,6 +150,7 @@ class LanguageModel(nn.Module):
             hidden = self.norm_f(residual)
             if positions is not None:
                 rows = torch.arange(hidden.shape[0], device=hidden.device)
+                rows = rows if positions.dim() == 1 else rows[:, None]
                 hidden = hidden[rows, positions.to(hidden.device)]
         return hidden if head == "hidden" else F.linear(hidden, self.unembedding)
 
@@ -169,12 +171,13 @@ class LanguageModel(nn.Module):
             )
         if positions is not None and (
             not isinstance(positions, torch.Tensor)
-            or positions.shape != residual.shape[:1]
+            or positions.dim() not in (1, 2)
+            or positions.shape[0] != residual.shape[0]
             or positions.dtype.is_floating_point
         ):
             raise ValueError(
                 f"positions must have shape ({residual.shape[0]},), one integer position per "
-                f"row, got {positions!r:.80}"
+                f"row, or ({residual.shape[0]}, P), got {positions!r:.80}"
             )
 
     @property

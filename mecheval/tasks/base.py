@@ -1,11 +1,20 @@
-"""`Task`: what every task shares — special tokens, configuration and cache key, seeded
-sampling, counterfactual corruption, fixed datasets and readable printing.
+"""`Task`: the task contract in code, and what every task shares: special tokens, configuration
+and cache key, seeded sampling, counterfactual corruption, fixed datasets and readable printing.
 
-A concrete task is a frozen dataclass whose fields are its options (so it is hashable and
-its configuration is a plain dict); it implements `vocab_size`, `token_name`, `token_range`,
-`replacement_range` and `_generate`. Options named in `corruption_options` only change how
-`corrupt` draws replacements, never the documents: they are part of `config()` and `label()`
-but not of the data identity (`key()`, the seeded streams, the dataset cache).
+A task (docs/tasks.md) declares, on its class:
+    name            what configs and run folders call it (`register_task` files it under it)
+    splits          its splits ("train", "dev", "test" and any generalisation split)
+    roles           the roles every answer names (spans of positions, "query" among them; the
+                    read-outs need "key", "value" and "query")
+    corruptions     name -> `Corruption`: which role a counterfactual changes and whether the
+                    answer changes with it
+and writes `vocab_size`, `max_document_length`, `token_name`, `replacement_range` and
+`_generate` (documents -> a `Batch`, one row per (document, answer); `Batch.targets` when the
+task trains on more than its answers). A concrete task is a frozen dataclass whose fields are
+its options (so it is hashable and its configuration is a plain dict). Options named in
+`corruption_options` only change how `corrupt` draws replacements, never the documents: they
+are part of `config()` and `label()` but not of the data identity (`key()`, the seeded streams,
+the dataset cache).
 
 Randomness: every document stream is drawn from NumPy's PCG64 seeded by a `SeedSequence` of
 (digest of the task's `data_config()` and generator version, the caller's seed, the split, a
@@ -19,17 +28,19 @@ import dataclasses
 import hashlib
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
-from mecheval.tasks.batch import Batch
+from mecheval.tasks.batch import POSITION_NAMES, Batch
 from mecheval.tasks.dataset_cache import CACHE_FORMAT, default_cache_dir, load_batch, save_batch
 
-Split = Literal["train", "dev", "test"]
+Split = str
 SPLITS: tuple[str, ...] = ("train", "dev", "test")
 DATASET_SIZES: dict[str, int] = {"train": 100_032, "dev": 320, "test": 320}
 """The study's fixed set sizes (docs/study.md)."""
@@ -40,8 +51,19 @@ GENERATOR_VERSION = 1
 version whenever its generation changes, so cached datasets of an older generator are not
 reused (the version is part of the data identity, hence of the seeded streams)."""
 
-# Stream ids that follow the split ids 0..2 in the seed sequence.
-_CORRUPT_STREAM = {"key": 3, "value": 4}
+# Stream id of a task's first corruption (its others follow, in declaration order): after the
+# split ids 0..2, so AR's and ATR's key and value corruptions draw from streams 3 and 4.
+_FIRST_CORRUPTION_STREAM = 3
+
+
+@dataclass(frozen=True)
+class Corruption:
+    """A named counterfactual of a task: every token of role `role` of each answer replaced by
+    another id of `Task.replacement_range(name)`; `answer_changes`: whether the corrupted
+    document answers otherwise (False: a control that leaves the answer as it was)."""
+
+    role: str
+    answer_changes: bool = True
 
 
 def check_int(option: str, value: Any, minimum: int, maximum: int | None = None) -> int:
@@ -63,9 +85,9 @@ def check_fraction(option: str, value: Any) -> float:
     return float(value)
 
 
-def check_split(split: Any) -> str:
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+def check_split(split: Any, splits: Sequence[str] = SPLITS) -> str:
+    if split not in splits:
+        raise ValueError(f"split must be one of {tuple(splits)}, got {split!r}")
     return split
 
 
@@ -76,6 +98,13 @@ class Task(ABC):
     BOS: ClassVar[int] = 1
     EOS: ClassVar[int] = 2
     name: ClassVar[str]
+    special_tokens: ClassVar[bool] = True
+    """Whether ids 0, 1, 2 are PAD, BOS and EOS (MQAR uses them as ordinary ids)."""
+    splits: ClassVar[tuple[str, ...]] = SPLITS
+    roles: ClassVar[tuple[str, ...]] = POSITION_NAMES
+    corruptions: ClassVar[Mapping[str, Corruption]] = MappingProxyType(
+        {"key": Corruption("key"), "value": Corruption("value")}
+    )
     generator_version: ClassVar[int] = GENERATOR_VERSION
     corruption_options: ClassVar[tuple[str, ...]] = ()
     """Options that only affect `corrupt` (left out of the data identity)."""
@@ -166,9 +195,11 @@ class Task(ABC):
         if ids.dim() != 1:
             raise ValueError(f"format takes one document (1-D), got shape {tuple(ids.shape)}")
         ids = ids.tolist()
-        while ids and ids[-1] == self.PAD:
-            ids.pop()
-        special = {self.PAD: "PAD", self.BOS: "BOS", self.EOS: "EOS"}
+        special = {}
+        if self.special_tokens:
+            while ids and ids[-1] == self.PAD:
+                ids.pop()
+            special = {self.PAD: "PAD", self.BOS: "BOS", self.EOS: "EOS"}
         return " ".join(special[i] if i in special else self.token_name(i) for i in ids)
 
     # ---- sampling ------------------------------------------------------------------------
@@ -182,14 +213,15 @@ class Task(ABC):
         Args:
             n: number of documents, >= 1.
             seed: non-negative int.
-            split: "train", "dev" or "test" (they differ only when the task holds pairs out).
+            split: one of the task's `splits` ("train", "dev", "test", ...).
 
         Returns:
-            a `Batch` on CPU whose width is the longest of its documents.
+            a `Batch` on CPU whose width is the longest of its documents: one row per
+            (document, answer), the documents in order.
         """
         check_int("n", n, 1)
         check_int("seed", seed, 0)
-        return self._generate(n, seed, check_split(split))
+        return self._generate(n, seed, check_split(split, self.splits))
 
     @abstractmethod
     def _generate(self, n: int, seed: int, split: str) -> Batch:
@@ -197,68 +229,85 @@ class Task(ABC):
 
     # ---- counterfactuals -----------------------------------------------------------------
 
-    @abstractmethod
-    def token_range(self, at: str) -> tuple[int, int]:
-        """`[low, high)`: the ids this task's documents hold at position `at` ("key"/"value")."""
+    def token_range(self, role: str) -> tuple[int, int] | None:
+        """`[low, high)`: the ids this task's documents hold at role `role`, checked before a
+        corruption (None, the default: not checked)."""
+        return None
 
     @abstractmethod
-    def replacement_range(self, at: str) -> tuple[int, int]:
-        """`[low, high)`: the ids a corruption at position `at` ("key"/"value") draws from."""
+    def replacement_range(self, corruption: str) -> tuple[int, int]:
+        """`[low, high)`: the ids corruption `corruption` draws its replacements from."""
 
-    def corruption_metadata(self, at: str) -> dict[str, Any]:
-        """How `corrupt(batch, at, seed)` draws, for tables and reports: the position, the
+    def corruption(self, name: str) -> Corruption:
+        """The corruption called `name` (a ValueError naming the task's corruptions)."""
+        if name not in self.corruptions:
+            raise ValueError(
+                f"{self.name} has no corruption {name!r}; its corruptions: "
+                + ", ".join(self.corruptions)
+            )
+        return self.corruptions[name]
+
+    def corruption_metadata(self, name: str) -> dict[str, Any]:
+        """How `corrupt(batch, name, seed)` draws, for tables and reports: the corruption, the
         task's corruption options (e.g. AR's `corruption_range`) and the replacement id range.
 
         Returns:
-            `{"at": at, <corruption option>: value, ..., "replacement_low": low,
+            `{"at": name, <corruption option>: value, ..., "replacement_low": low,
             "replacement_high": high}` (high exclusive).
         """
-        if at not in _CORRUPT_STREAM:
-            raise ValueError(f"at must be 'key' or 'value', got {at!r}")
-        low, high = self.replacement_range(at)
-        options = {name: getattr(self, name) for name in self.corruption_options}
-        return {"at": at, **options, "replacement_low": low, "replacement_high": high}
+        self.corruption(name)
+        low, high = self.replacement_range(name)
+        options = {option: getattr(self, option) for option in self.corruption_options}
+        return {"at": name, **options, "replacement_low": low, "replacement_high": high}
 
-    def corrupt(self, batch: Batch, at: Literal["key", "value"], seed: int) -> torch.Tensor:
-        """Counterfactual documents: the token at position `at` of each document replaced by a
-        token drawn uniformly from `replacement_range(at)`, other than the original token when
-        that range holds it; all else unchanged.
+    def corrupt(self, batch: Batch, corruption: str, seed: int) -> torch.Tensor:
+        """Counterfactual documents, one per row: every token of the corruption's role in the
+        row replaced by an id drawn uniformly from `replacement_range(corruption)`, other than
+        the original token when that range holds it; all else unchanged.
 
         Args:
             batch: documents of this task.
-            at: "key" or "value", a named position of `batch`.
-            seed: non-negative int; draws are a function of (task, seed, at, batch order).
+            corruption: one of the task's `corruptions` ("key" or "value" for AR and ATR).
+            seed: non-negative int; draws are a function of (task, seed, corruption, rows).
 
         Returns:
             `LongTensor (n, L)` on `batch.device`.
         """
-        if at not in _CORRUPT_STREAM:
-            raise ValueError(f"at must be 'key' or 'value', got {at!r}")
+        role = self.corruption(corruption).role
         check_int("seed", seed, 0)
-        own_low, own_high = self.token_range(at)
-        low, high = self.replacement_range(at)
-        rows = torch.arange(len(batch), device=batch.device)
-        columns = batch.positions[at]
+        if role not in batch.positions:
+            raise ValueError(f"corrupt {corruption!r}: the batch names no role {role!r}")
+        low, high = self.replacement_range(corruption)
+        start, stop = batch.span(role)
+        counts = (stop - start).cpu()
+        rows = torch.repeat_interleave(torch.arange(len(batch)), counts)
+        offsets = torch.arange(int(counts.sum())) - torch.repeat_interleave(
+            torch.cumsum(counts, 0) - counts, counts
+        )
+        columns = (start.cpu()[rows] + offsets).to(batch.device)
+        rows = rows.to(batch.device)
         original = batch.tokens[rows, columns].cpu().numpy()
-        if ((original < own_low) | (original >= own_high)).any():
+        own = self.token_range(role)
+        if own is not None and ((original < own[0]) | (original >= own[1])).any():
             raise ValueError(
-                f"tokens at {at!r} fall outside [{own_low}, {own_high}): not this task's"
+                f"tokens at {role!r} fall outside [{own[0]}, {own[1]}): not this task's"
             )
         inside = (original >= low) & (original < high)
         if high - low < 1 or (high - low < 2 and inside.any()):
             raise ValueError(
-                f"corrupt: {self.label()} draws replacements at {at!r} from ids [{low}, {high}), "
+                f"corrupt: {self.label()} draws replacements at {role!r} from ids [{low}, {high}), "
                 f"which hold {max(high - low, 0)} id(s) and no id other than the original: "
-                f"nothing different to draw (the task needs at least 2 {at} ids)"
+                f"nothing different to draw (the task needs at least 2 {role} ids)"
             )
-        rng = self.task_rng(seed, _CORRUPT_STREAM[at])
+        stream = _FIRST_CORRUPTION_STREAM + list(self.corruptions).index(corruption)
+        rng = self.task_rng(seed, stream)
         if inside.all():
-            draw = rng.integers(low, high - 1, size=len(batch))
+            draw = rng.integers(low, high - 1, size=len(original))
             replacement = draw + (draw >= original)  # skips the original: uniform over the rest
         elif not inside.any():
-            replacement = rng.integers(low, high, size=len(batch))  # nothing to skip
+            replacement = rng.integers(low, high, size=len(original))  # nothing to skip
         else:
-            draw = rng.integers(low, high - 1, size=len(batch))
+            draw = rng.integers(low, high - 1, size=len(original))
             replacement = np.where(inside, draw + (draw >= original), 0)
             replacement[~inside] = rng.integers(low, high, size=int((~inside).sum()))
         corrupted = batch.tokens.clone()
@@ -281,8 +330,12 @@ class Task(ABC):
             size: number of documents; default `DATASET_SIZES[split]` (100,032 / 320 / 320).
             cache_dir: cache root; default `$MECHEVAL_CACHE`, else `~/.cache/mecheval`.
         """
-        split = check_split(split)
-        size = DATASET_SIZES[split] if size is None else check_int("size", size, 1)
+        split = check_split(split, self.splits)
+        size = (
+            DATASET_SIZES.get(split, DATASET_SIZES["test"])
+            if size is None
+            else check_int("size", size, 1)
+        )
         root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         path = root / "tasks" / f"{self.key()}-{split}-{size}.safetensors"
         metadata = {
@@ -294,8 +347,8 @@ class Task(ABC):
             "generator_version": str(self.generator_version),
             "format": CACHE_FORMAT,
         }
-        loaded = load_batch(path)
-        if loaded is not None and loaded[1] == metadata and len(loaded[0]) == size:
+        loaded = load_batch(path, self.roles)
+        if loaded is not None and loaded[1] == metadata and loaded[0].num_documents == size:
             return loaded[0]
         batch = self.sample(size, DATASET_SEED, split)
         save_batch(path, batch, metadata)

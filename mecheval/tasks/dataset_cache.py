@@ -5,9 +5,9 @@ Files live in `cache_dir/tasks/` where `cache_dir` defaults to `$MECHEVAL_CACHE`
 into place with `os.replace`, so a reader never sees a half-written file and concurrent writers
 of the same dataset simply race to an identical result.
 
-Tokens are stored packed (each document's first `length` tokens, concatenated) in the smallest
-integer dtype that holds them: ATR documents vary from a few to 1,000+ tokens, so a padded
-int64 matrix would be mostly padding.
+Tokens (and targets, for tasks that have them) are stored packed (each row's first `length`
+tokens, concatenated) in the smallest integer dtype that holds them: ATR documents vary from a
+few to 1,000+ tokens, so a padded int64 matrix would be mostly padding.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from mecheval.io import atomic_write
-from mecheval.tasks.batch import POSITION_NAMES, Batch
+from mecheval.tasks.batch import IGNORE, Batch
 
 CACHE_ENV_VAR = "MECHEVAL_CACHE"
 CACHE_FORMAT = "packed-1"
@@ -79,8 +79,13 @@ def save_batch(path: Path, batch: Batch, metadata: dict[str, str]) -> None:
         "packed_tokens": batch.tokens[inside],
         "answers": batch.answers,
         "lengths": batch.lengths,
-        **{f"positions.{name}": batch.positions[name] for name in POSITION_NAMES},
+        **{f"positions.{role}": tensor for role, tensor in batch.positions.items()},
+        **{f"spans.{role}": tensor for role, tensor in batch.spans.items()},
     }
+    if batch.document is not None:
+        tensors["document"] = batch.document
+    if batch.targets is not None:
+        tensors["packed_targets"] = batch.targets[inside]
     tensors = {
         name: tensor.detach().cpu().to(_compact_dtype(tensor)).contiguous()
         for name, tensor in tensors.items()
@@ -89,8 +94,11 @@ def save_batch(path: Path, batch: Batch, metadata: dict[str, str]) -> None:
     atomic_write(path, lambda temporary: save_file(tensors, temporary, metadata=metadata))
 
 
-def load_batch(path: Path) -> tuple[Batch, dict[str, str]] | None:
+def load_batch(path: Path, roles: tuple[str, ...] = ()) -> tuple[Batch, dict[str, str]] | None:
     """Read a batch written by `save_batch`; None if the file is missing or unreadable.
+
+    Args:
+        roles: the order of the roles (`Task.roles`); others follow in the file's order.
 
     Returns:
         `(batch, metadata)` with every tensor converted back to int64 on CPU.
@@ -101,13 +109,26 @@ def load_batch(path: Path) -> tuple[Batch, dict[str, str]] | None:
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
         lengths = tensors["lengths"].long()
         width = int(lengths.max()) if len(lengths) else 0
-        tokens = torch.zeros(len(lengths), width, dtype=torch.long)
-        tokens[torch.arange(width) < lengths[:, None]] = tensors["packed_tokens"].long()
+        inside = torch.arange(width) < lengths[:, None]
+
+        def unpacked(name: str, fill: int) -> torch.Tensor:
+            out = torch.full((len(lengths), width), fill, dtype=torch.long)
+            out[inside] = tensors[name].long()
+            return out
+
+        def named(prefix: str) -> dict[str, torch.Tensor]:
+            found = [name[len(prefix) :] for name in tensors if name.startswith(prefix)]
+            order = [r for r in roles if r in found] + [r for r in found if r not in roles]
+            return {role: tensors[prefix + role].long() for role in order}
+
         batch = Batch(
-            tokens=tokens,
+            tokens=unpacked("packed_tokens", 0),
             answers=tensors["answers"].long(),
             lengths=lengths,
-            positions={name: tensors[f"positions.{name}"].long() for name in POSITION_NAMES},
+            positions=named("positions."),
+            document=tensors["document"].long() if "document" in tensors else None,
+            spans=named("spans."),
+            targets=unpacked("packed_targets", IGNORE) if "packed_targets" in tensors else None,
         )
     except (OSError, KeyError, ValueError, TypeError, RuntimeError, SafetensorError):
         return None

@@ -299,9 +299,10 @@ def _write_result(r: _Run, device: torch.device, wall_time: float, extra: dict) 
 def train_batch(train_data: Batch, step: int, batch_size: int) -> Batch:
     """Step `step`'s batch: the next `batch_size` documents of the fixed training set, in
     order, wrapping around (trimmed to its longest document)."""
-    first = (step * batch_size) % len(train_data)
+    documents = train_data.num_documents
+    first = (step * batch_size) % documents
     index = torch.arange(first, first + batch_size, device=train_data.tokens.device)
-    return train_data[index % len(train_data)].trim()
+    return train_data.take_documents(index % documents).trim()
 
 
 def cadence(config: TrainConfig, done: int) -> tuple[bool, bool, bool]:

@@ -3,8 +3,9 @@ or K stacked models' (`StackedStep`: one forward, one backward and one StackedAd
 all K, mecheval.train.stacked). `make_step` picks the one for the runs at hand; the training
 loop (mecheval.train.loop) and the step timings (mecheval.train.timing) run either alike.
 
-The loss is the cross-entropy of the answer at the query position only (the study's masking),
-in float32 even under bf16 autocast. A step calls `check(losses)` after the forward and before
+The loss is the cross-entropy of each answer at its query position (the study's masking), or,
+for a task that trains on more (`Batch.targets`), of every target token; in float32 even under
+bf16 autocast. A step calls `check(losses)` after the forward and before
 any update, so that a divergence guard sees every loss first.
 """
 
@@ -16,16 +17,44 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from mecheval.tasks import Batch
+from mecheval.tasks import IGNORE, Batch
 from mecheval.train.config import TrainConfig, build_model_for
 from mecheval.train.stacked import StackedAdamW, StackedModels
 
 Check = Callable[[torch.Tensor], None]
 
 
-def answer_logits(model: Callable, tokens: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
-    """Logits (B, V) at each row's query position, the only position the loss looks at."""
-    return model(tokens, positions=query)
+def answer_logits(model: Callable, batch: Batch) -> torch.Tensor:
+    """Logits (..., n, V) at each row's query position; `model(tokens, positions)` runs the
+    documents once each (its leading axes, a stack's models, are kept)."""
+    query = batch.positions["query"]
+    if batch.document is None:
+        return model(batch.tokens, query)
+    document, slot, first = _answer_slots(batch)
+    grid = query.new_zeros(len(first), int(slot.max()) + 1)
+    grid[document, slot] = query
+    return model(batch.tokens[first], grid)[..., document, slot, :]
+
+
+def _answer_slots(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(each row's document among the batch's, its place among that document's rows, the first
+    row of each document)."""
+    starts = batch.document_starts
+    first, count = starts[:-1], starts[1:] - starts[:-1]
+    document = torch.repeat_interleave(torch.arange(len(first), device=batch.device), count)
+    slot = torch.arange(len(batch), device=batch.device) - first[document]
+    return document, slot, first
+
+
+def loss_logits(model: Callable, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits (..., m, V), targets (m,)): what the loss compares, each answer at its query,
+    or every target token of the documents where the task gives `targets`."""
+    if batch.targets is None:
+        return answer_logits(model, batch), batch.answers
+    first = _answer_slots(batch)[2]
+    targets = batch.targets[first]
+    trained = targets != IGNORE
+    return model(batch.tokens[first], None)[..., trained, :], targets[trained]
 
 
 def autocast(config: TrainConfig, device: torch.device):
@@ -56,16 +85,15 @@ def fresh_model(
 def accuracy(
     model: torch.nn.Module, data: Batch, config: TrainConfig, device: torch.device
 ) -> float:
-    """Fraction of documents whose answer is the argmax at the query position (in eval mode;
+    """Fraction of answers (rows) whose answer is the argmax at the query position (in eval mode;
     the model's mode is restored after)."""
     was_training = model.training
     model.eval()
     correct = 0
     for start in range(0, len(data), 256):
         part = data[start : start + 256]
-        width = int(part.lengths.max())
         with autocast(config, device):
-            logits = answer_logits(model, part.tokens[:, :width], part.positions["query"])
+            logits = answer_logits(model, part.trim())
         correct += int((logits.argmax(-1) == part.answers).sum())
     model.train(was_training)
     return correct / len(data)
@@ -94,8 +122,8 @@ class ModelStep:
         for group in self.optimizer.param_groups:
             group["lr"] = lrs[0]
         with autocast(self.config, self.device):
-            logits = answer_logits(self.forward, batch.tokens, batch.positions["query"])
-        loss = F.cross_entropy(logits.float(), batch.answers)
+            logits, targets = loss_logits(self.forward, batch)
+        loss = F.cross_entropy(logits.float(), targets)
         losses = loss.reshape(1)
         if check is not None:
             check(losses)
@@ -149,11 +177,9 @@ class StackedStep:
         """The K losses, (K,), after the update."""
         size = self.stack.size
         with autocast(self.config, self.device):
-            logits = self.forward(batch.tokens, batch.positions["query"])
+            logits, targets = loss_logits(self.forward, batch)
         losses = (
-            F.cross_entropy(
-                logits.float().flatten(0, 1), batch.answers.repeat(size), reduction="none"
-            )
+            F.cross_entropy(logits.float().flatten(0, 1), targets.repeat(size), reduction="none")
             .view(size, -1)
             .mean(1)
         )

@@ -32,7 +32,7 @@ def _model(arch: str):
 
 def _data(n: int = 10):
     batch = TASK.sample(n, seed=1, split="dev")
-    return batch, TASK.corrupt(batch, at="key", seed=1)
+    return batch, TASK.corrupt(batch, "key", seed=1)
 
 
 KEYS = ["example", "layer", "site", "position", "k"]

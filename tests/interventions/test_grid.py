@@ -29,7 +29,7 @@ def _model(arch: str, seed: int = 0, trained_scale: float = 1.0):
 
 def _data(n: int = 6, seed: int = 0):
     batch = TASK.sample(n, seed=seed, split="dev")
-    return batch, TASK.corrupt(batch, at="key", seed=seed)
+    return batch, TASK.corrupt(batch, "key", seed=seed)
 
 
 def _merge(fast: pd.DataFrame, slow: pd.DataFrame) -> pd.DataFrame:
@@ -142,7 +142,7 @@ def test_bad_arguments_are_refused_by_name():
         interchange_grid(model, batch, corrupted, sites=["state"])
     with pytest.raises(ValueError, match="out of range"):
         interchange_grid(model, batch, corrupted, layers=[5])
-    with pytest.raises(ValueError, match="is not a position"):
+    with pytest.raises(ValueError, match="'middle' is not a role of these documents"):
         interchange_grid(model, batch, corrupted, positions=["middle"])
     with pytest.raises(ValueError, match="outside"):
         interchange_grid(model, batch, corrupted, positions=["query+5"])

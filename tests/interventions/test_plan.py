@@ -19,7 +19,7 @@ def _setup(arch):
     torch.manual_seed(0)
     model = build_model(arch, TASK.vocab_size, d_model=16, max_len=TASK.max_document_length)
     batch = TASK.sample(5, seed=0, split="dev")
-    return model.eval(), batch, TASK.corrupt(batch, at="key", seed=0)
+    return model.eval(), batch, TASK.corrupt(batch, "key", seed=0)
 
 
 @pytest.mark.parametrize("arch", ["attention", "hyena", "based"])

@@ -134,7 +134,7 @@ def test_the_grid_of_a_hybrid_equals_the_per_cell_loop():
         for p in model.parameters():
             p.mul_(4.0)
     batch = TASK.sample(5, seed=1, split="dev")
-    corrupted = TASK.corrupt(batch, at="key", seed=1)
+    corrupted = TASK.corrupt(batch, "key", seed=1)
     fast = interchange_grid(model, batch, corrupted)
     slow = per_cell_loop(model, batch, corrupted)
     merged = fast.merge(slow, on=["example", "layer", "site", "position"], suffixes=("", "_loop"))

@@ -19,7 +19,7 @@ def test_training_finds_the_subspace(trained):
     run, _ = trained
     model, task, _ = load_trained_model(run)
     batch = task.sample(128, seed=5, split="dev")
-    corrupted = task.corrupt(batch, at="key", seed=5)
+    corrupted = task.corrupt(batch, "key", seed=5)
     where = dict(sites=["block_input"], layers=[1], positions=["value"], dims=[4])
     found = das(model, batch, corrupted, settings=DasSettings(steps=60, lr=2e-2), **where)
     start = das(model, batch, corrupted, settings=DasSettings(steps=1, lr=1e-9), **where)
@@ -61,7 +61,7 @@ def test_the_das_command_and_its_report_section(trained, tmp_path, capsys):
         (["--dims", "0,2"], "--dims: expected subspace sizes >= 1"),
         (["--steps", "0"], "--steps: must be an int >= 1"),
         (["--sites", "nope"], "--sites: attention's model has none of"),
-        (["--corruptions", "query"], "--corruptions: 'query' cannot be corrupted"),
+        (["--corruptions", "query"], "--corruptions: 'query' is not a corruption of ar"),
     ],
 )
 def test_bad_das_options_are_one_line_errors(trained, tmp_path, capsys, flags, words):

@@ -28,8 +28,8 @@ def test_cli_main_job_and_evaluate_run_share_the_defaults():
     signature = inspect.signature(evaluate_run).parameters
     for name in ("split", "device", "seed", "memory_budget"):
         assert signature[name].default == getattr(DEFAULTS, name)
-    assert list(signature["positions"].default) == DEFAULTS.positions
-    assert list(signature["corruptions"].default) == DEFAULTS.corruptions
+    assert signature["positions"].default is DEFAULTS.positions is None  # the task's own
+    assert signature["corruptions"].default is DEFAULTS.corruptions is None
 
 
 def test_main_job_evaluate_section_takes_overrides_and_rejects_unknown_keys():

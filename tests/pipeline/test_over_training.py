@@ -81,14 +81,14 @@ def test_the_readout_grid_covers_every_layers_short_conv():
     task = make_task("ar", num_pairs=4, num_keys=16)
     batch = task.sample(8, seed=0, split="dev")
     model = build_model("mamba", task.vocab_size, 16, max_len=batch.tokens.shape[1]).eval()
-    grid = readout_grids(model, batch, task.corrupt(batch, at="key", seed=0))
+    grid = readout_grids(model, batch, task.corrupt(batch, "key", seed=0))
     conv = grid[grid["site"] == "conv_output"]
     assert set(zip(conv["layer"], conv["position"], strict=True)) == {
         (layer, position) for layer in (0, 1) for position in ("value", "value+1", "value+2")
     }
     assert set(grid[grid["site"] != "conv_output"]["site"]) == {"block_input"}
     model = build_model("deltanet", task.vocab_size, 16, max_len=batch.tokens.shape[1]).eval()
-    grid = readout_grids(model, batch, task.corrupt(batch, at="key", seed=0))
+    grid = readout_grids(model, batch, task.corrupt(batch, "key", seed=0))
     convs = {"q_conv_output", "k_conv_output", "v_conv_output"}
     assert set(grid["site"]) == convs | {"block_input"}
     assert set(_conv_readouts(grid)) == {

@@ -22,7 +22,7 @@ def test_grid_matches_the_per_cell_loop_on_a_trained_model(trained):
     run, _ = trained
     model, task, _ = load_trained_model(run)
     batch = task.dataset("dev", size=16)
-    corrupted = task.corrupt(batch, at="key", seed=1)
+    corrupted = task.corrupt(batch, "key", seed=1)
     fast = interchange_grid(model, batch, corrupted, positions=["key", "value", "query", "value+1"])
     slow = per_cell_loop(model, batch, corrupted, positions=["key", "value", "query", "value+1"])
     merged = fast.merge(slow, on=["example", "layer", "site", "position"], suffixes=("", "_loop"))
@@ -53,7 +53,7 @@ def test_trained_attention_solves_recall_by_induction(trained):
 
     model, task, _ = load_trained_model(run)
     batch = task.dataset("dev", size=64)
-    corrupted = task.corrupt(batch, at="key", seed=0)
+    corrupted = task.corrupt(batch, "key", seed=0)
     sites = ["block_input", "mixer_output", "mlp_output", "block_output"]
     rho = screening_correlation(
         interchange_grid(model, batch, corrupted, sites=sites),

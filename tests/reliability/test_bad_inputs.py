@@ -21,7 +21,7 @@ def _model(vocab_size: int):
 
 def test_interchange_grid_refuses_a_model_with_a_smaller_vocabulary():
     batch = TASK.sample(3, seed=0, split="dev")
-    corrupted = TASK.corrupt(batch, at="key", seed=0)
+    corrupted = TASK.corrupt(batch, "key", seed=0)
     with pytest.raises(ValueError, match=r"batch.tokens holds token ids .*\(vocab_size 10\)"):
         interchange_grid(_model(10), batch, corrupted)
 
@@ -45,10 +45,10 @@ def test_corrupting_a_one_key_task_is_refused(at):
     task = make_task("ar", num_pairs=1, num_keys=1)
     batch = task.sample(4, seed=0)
     if at == "value":  # values are replaced by other ids than the original: still possible
-        assert not torch.equal(task.corrupt(batch, at="value", seed=0), batch.tokens)
+        assert not torch.equal(task.corrupt(batch, "value", seed=0), batch.tokens)
         return
     with pytest.raises(ValueError, match=r"corrupt: .* draws replacements at 'key' from ids"):
-        task.corrupt(batch, at="key", seed=0)
+        task.corrupt(batch, "key", seed=0)
 
 
 def test_selective_scan_with_batch_zero_is_refused_by_name():

@@ -22,12 +22,13 @@ TASK = "ar(num_pairs=4, num_keys=16)"
 PROBES = [
     (
         ["--positions", "key", "nosuch"],
-        "--positions: 'nosuch' is not a position: use key, value, divider, query, answer, "
-        "optionally shifted (value+1, key-1), an index (0, 1, ...), or all",
+        "--positions: 'nosuch' is not a position of ar's documents: use its roles (key, value, "
+        "divider, query, answer), optionally shifted (value+1, key-1), an index (0, 1, ...), "
+        "or all",
     ),
     (
         ["--positions", "qurey"],
-        "--positions: 'qurey' is not a position",
+        "--positions: 'qurey' is not a position of ar's documents",
     ),
     (
         ["--positions", "value+99"],
@@ -41,7 +42,7 @@ PROBES = [
     ),
     (
         ["--corruptions", "query"],
-        "--corruptions: 'query' cannot be corrupted: use key and/or value",
+        "--corruptions: 'query' is not a corruption of ar: use key and/or value",
     ),
     (["--seed", "-5"], "--seed: must be an integer >= 0, got -5"),
     (["--split", "bogus"], "--split: must be dev or test, got 'bogus'"),
@@ -84,7 +85,7 @@ def _run_config(tmp_path, evaluate: str):
 @pytest.mark.parametrize(
     "evaluate,expected",
     [
-        ("{positions: [key, nosuch]}", "evaluate.positions: 'nosuch' is not a position"),
+        ("{positions: [key, nosuch]}", "evaluate.positions: 'nosuch' is not a position of"),
         ("{positions: [value+99]}", "evaluate.positions: 'value+99' lies outside every dev"),
         ("{seed: -5}", "evaluate.seed: must be an integer >= 0, got -5"),
     ],
@@ -132,7 +133,7 @@ def _evaluate_cli(run, capsys, *options) -> str:
 def test_options_are_checked_in_python_too(tmp_path):
     run = tmp_path / "run"
     train(tiny("steps=2"), run)
-    with pytest.raises(OptionError, match="positions: 'qurey' is not a position"):
+    with pytest.raises(OptionError, match="positions: 'qurey' is not a position of ar's"):
         evaluate_run(run, positions=["key", "qurey"])
     with pytest.raises(OptionError, match="corruptions: expected a non-empty list"):
         evaluate_run(run, corruptions=[])

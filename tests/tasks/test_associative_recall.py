@@ -162,7 +162,7 @@ def test_corrupt_changes_exactly_the_named_token_within_its_range(
 ):
     task = make_task("ar", corruption_range=corruption_range)
     for at, (low, high) in [("key", (3, FIRST_VALUE)), ("value", value_range)]:
-        corrupted = task.corrupt(ar_batch, at=at, seed=0)
+        corrupted = task.corrupt(ar_batch, at, seed=0)
         assert corrupted.shape == ar_batch.tokens.shape and corrupted.dtype == torch.long
         changed = corrupted != ar_batch.tokens
         assert (changed.sum(1) == 1).all()
@@ -171,15 +171,15 @@ def test_corrupt_changes_exactly_the_named_token_within_its_range(
         assert changed[rows, column].all()
         new = corrupted[rows, column]
         assert ((new >= low) & (new < high)).all()
-        assert torch.equal(corrupted, task.corrupt(ar_batch, at=at, seed=0))
-        assert not torch.equal(corrupted, task.corrupt(ar_batch, at=at, seed=1))
+        assert torch.equal(corrupted, task.corrupt(ar_batch, at, seed=0))
+        assert not torch.equal(corrupted, task.corrupt(ar_batch, at, seed=1))
     assert ar_batch.tokens[0, 0] == 1  # the batch itself is untouched
 
 
 def test_corrupt_replacements_cover_the_range_uniformly():
     task = make_task("ar", num_pairs=2, num_keys=4)
     batch = task.sample(4000, seed=0)
-    corrupted = task.corrupt(batch, at="key", seed=3)
+    corrupted = task.corrupt(batch, "key", seed=3)
     rows = torch.arange(len(batch))
     original = batch.tokens[rows, batch.positions["key"]]
     new = corrupted[rows, batch.positions["key"]]
@@ -196,7 +196,7 @@ def test_corrupt_replacements_cover_the_range_uniformly():
 def replacement_counts(task, batch, at, seed):
     """(original token, replacement token) of every document's corrupted position."""
     rows = torch.arange(len(batch))
-    corrupted = task.corrupt(batch, at=at, seed=seed)
+    corrupted = task.corrupt(batch, at, seed=seed)
     column = batch.positions[at]
     return batch.tokens[rows, column], corrupted[rows, column]
 
@@ -282,10 +282,10 @@ def test_corruption_range_changes_no_document_and_is_visible_in_config_and_label
 
 def test_corrupt_refuses_bad_positions_and_foreign_batches(ar_batch):
     task = make_task("ar")
-    with pytest.raises(ValueError, match="at"):
-        task.corrupt(ar_batch, at="query", seed=0)
+    with pytest.raises(ValueError, match="no corruption 'query'; its corruptions: key, value"):
+        task.corrupt(ar_batch, "query", seed=0)
     with pytest.raises(ValueError, match="outside"):
-        make_task("ar", num_keys=100).corrupt(ar_batch, at="key", seed=0)
+        make_task("ar", num_keys=100).corrupt(ar_batch, "key", seed=0)
 
 
 def test_format_names_tokens():

@@ -135,12 +135,12 @@ def test_corrupt_changes_exactly_one_token_to_another_terminal(num_terminals):
     batch = task.sample(300, seed=0)
     rows = torch.arange(len(batch))
     for at in ("key", "value"):
-        corrupted = task.corrupt(batch, at=at, seed=9)
+        corrupted = task.corrupt(batch, at, seed=9)
         changed = corrupted != batch.tokens
         assert (changed.sum(1) == 1).all() and changed[rows, batch.positions[at]].all()
         new = corrupted[rows, batch.positions[at]]
         assert ((new >= 3) & (new < 3 + num_terminals)).all()
-        assert torch.equal(corrupted, task.corrupt(batch, at=at, seed=9))
+        assert torch.equal(corrupted, task.corrupt(batch, at, seed=9))
         assert task.corruption_metadata(at) == {
             "at": at,
             "replacement_low": 3,

@@ -43,8 +43,8 @@ def test_bad_options_are_refused_by_name(name, options, error, option):
 
 
 def test_unknown_task_and_bad_sampling_arguments():
-    with pytest.raises(ValueError, match="unknown task"):
-        make_task("mqar")
+    with pytest.raises(ValueError, match="unknown task 'nope': registered are ar, atr, mqar"):
+        make_task("nope")
     task = make_task("ar")
     with pytest.raises(ValueError, match="split"):
         task.sample(4, seed=0, split="valid")

@@ -17,9 +17,10 @@ from safetensors.torch import load_file
 
 from mecheval.config import ConfigError
 from mecheval.models import build_model
+from mecheval.tasks import Batch
 from mecheval.train.config import load_train_config
 from mecheval.train.loop import train
-from mecheval.train.steps import answer_logits
+from mecheval.train.steps import answer_logits, loss_logits
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [
@@ -54,11 +55,33 @@ def test_loss_looks_only_at_the_answer_position():
     tokens = torch.randint(3, 30, (4, 10))
     query = torch.tensor([7, 7, 3, 9])
     answers = torch.randint(3, 30, (4,))
-    ours = F.cross_entropy(answer_logits(model, tokens, query), answers)
+    batch = Batch(tokens, answers, {"query": query}, torch.full((4,), 10))
+    ours = F.cross_entropy(answer_logits(model, batch), answers)
     labels = torch.full((4, 10), -100)
     labels[torch.arange(4), query] = answers
     masked = F.cross_entropy(model(tokens).flatten(0, 1), labels.flatten(), ignore_index=-100)
     torch.testing.assert_close(ours, masked)
+
+
+def test_a_document_of_several_answers_runs_once_and_trains_on_each():
+    """Rows of one document (MQAR's queries) share one forward; each row's logits are those
+    at its query; with `targets`, the loss takes every target token of each document once."""
+    torch.manual_seed(0)
+    model = build_model("attention", vocab_size=30, d_model=16, max_len=10)
+    docs = torch.randint(3, 30, (2, 10))
+    document = torch.tensor([0, 0, 0, 1])
+    query = torch.tensor([2, 5, 9, 4])
+    answers = torch.randint(3, 30, (4,))
+    batch = Batch(docs[document], answers, {"query": query}, torch.full((4,), 10), document)
+    full = model(docs)
+    torch.testing.assert_close(answer_logits(model, batch), full[document, query])
+    targets = torch.full((4, 10), -100)
+    targets[:3, 4], targets[3, [1, 7]] = 11, torch.tensor([12, 13])
+    with_targets = Batch(docs[document], answers, {"query": query}, torch.full((4,), 10),
+                         document, targets=targets)  # fmt: skip
+    logits, wanted = loss_logits(model, with_targets)
+    torch.testing.assert_close(logits, full[[0, 1, 1], [4, 1, 7]])
+    assert wanted.tolist() == [11, 12, 13]
 
 
 def test_resume_after_sigkill_is_bitwise_identical(tmp_path):
