@@ -6,7 +6,7 @@ everything here can be done from Python too.
     mecheval sweep FILE [--out DIR] [--executor local|ray] [--workers N] [--retries N]
                         [--address ADDR] [--dry-run] [--stack] [--only key=value ...]
                         [key=value ...]
-    mecheval data stats [--task ar|atr] [--n N] [--grammar-seeds K] [key=value ...]
+    mecheval data stats [--task NAME ...] [--n N] [--grammar-seeds K] [key=value ...]
     mecheval evaluate RUN_DIR|SWEEP_DIR [--device cpu] [--split dev] [--positions ...]
                       [--corruptions ...] [--seed N] [--memory-budget BYTES]
                       [--step N|latest] [--force]
@@ -163,9 +163,8 @@ def _cmd_data_stats(args: argparse.Namespace) -> int:
     # `--task atr max_rhs_len=5`: nargs="+" also takes the overrides that follow the names.
     names = [item for item in args.task if "=" not in item]
     overrides = [item for item in args.task if "=" in item] + list(args.overrides)
-    unknown = sorted(set(names) - {"ar", "atr"})
-    if unknown or not names:
-        raise ConfigError(f"--task takes 'ar' and/or 'atr', got {args.task}")
+    if not names:
+        raise ConfigError(f"--task takes task names or import paths, got {args.task}")
     options = parse_overrides(overrides)
     try:
         tasks = [make_task(name, **options) for name in names]
@@ -304,7 +303,9 @@ def _add_data(sub) -> None:
         dest="data_command", required=True
     )
     p = _command(data, "stats", "document length and distance statistics", _cmd_data_stats)
-    p.add_argument("--task", nargs="+", default=["ar"], help="ar and/or atr")
+    p.add_argument(
+        "--task", nargs="+", default=["ar"], help="task names or import paths (ar, atr, mqar, ...)"
+    )
     p.add_argument("--n", type=int, default=2000, help="documents sampled per task")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(

@@ -227,6 +227,14 @@ class Task(ABC):
     def _generate(self, n: int, seed: int, split: str) -> Batch:
         """Implements `sample` (arguments already validated)."""
 
+    def oracle(self, batch: Batch) -> torch.Tensor:
+        """(n,) each row's answer read off its document, as a model that recalls perfectly
+        would: the token at its `value` role (a task without one writes its own)."""
+        if "value" not in batch.positions:
+            raise NotImplementedError(f"{self.name} has no value role: write {self.name}.oracle")
+        rows = torch.arange(len(batch), device=batch.device)
+        return batch.tokens[rows, batch.positions["value"]]
+
     # ---- counterfactuals -----------------------------------------------------------------
 
     def token_range(self, role: str) -> tuple[int, int] | None:

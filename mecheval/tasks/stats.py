@@ -29,6 +29,13 @@ QUANTITIES: dict[str, str] = {
     "key_to_value": "value position minus key position (ATR: queried child-parent distance)",
     "query_to_key": "query position minus key position",
 }
+NEEDS: dict[str, tuple[str, ...]] = {
+    "length": (),
+    "sentence_length": ("divider",),
+    "key_to_value": ("key", "value"),
+    "query_to_key": ("key", "query"),
+}
+"""The roles each quantity is measured from; a task without them shows none ("n/a")."""
 SUMMARY_FIELDS: tuple[str, ...] = ("mean", "std", "min", "q10", "median", "q90", "max")
 SEED_FIELDS: tuple[str, ...] = ("mean", "std", "min", "max")
 """Fields of `across_grammar_seeds`: over the per-grammar means (std unbiased)."""
@@ -38,6 +45,8 @@ SEED_QUANTITIES: tuple[str, ...] = ("sentence_length", "key_to_value")
 
 def _quantity(batch: Batch, name: str) -> torch.Tensor:
     positions = batch.positions
+    if not set(NEEDS[name]) <= set(positions):
+        return torch.full((len(batch),), float("nan"))
     if name == "length":
         return batch.lengths
     if name == "sentence_length":
@@ -153,8 +162,10 @@ def stats_table(
     for task in tasks:
         stats = task_stats(task, n=n, seed=seed, split=split)
         cells = [
-            f"{s['mean']:.1f} ± {s['std']:.1f} [{s['q10']:g}, {s['median']:g}, {s['q90']:g}] "
-            f"{s['max']:g}"
+            "n/a"
+            if np.isnan(s["mean"])
+            else f"{s['mean']:.1f} ± {s['std']:.1f} [{s['q10']:g}, {s['median']:g}, "
+            f"{s['q90']:g}] {s['max']:g}"
             for s in (stats[name] for name in QUANTITIES)
         ]
         rows.append([task.label(), *cells])
