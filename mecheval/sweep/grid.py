@@ -47,8 +47,8 @@ def run_name(config: TrainConfig) -> str:
     """e.g. `ar-mamba-d64-l2-lr0.001-s42-3f2a9c1e`."""
     digest = hashlib.sha256(json.dumps(identity(config), sort_keys=True).encode()).hexdigest()[:8]
     m = config.model
-    arch = re.sub(r"[^A-Za-z0-9_.+-]", "_", m.arch)  # an import path's ":" and any "/"
-    readable = f"{config.task.name}-{arch}-d{m.d_model}-l{m.n_layers}"
+    arch, task = (re.sub(r"[^A-Za-z0-9_.+-]", "_", name) for name in (m.arch, config.task.name))
+    readable = f"{task}-{arch}-d{m.d_model}-l{m.n_layers}"  # an import path's ":" replaced
     return f"{readable}-lr{config.optim.lr:g}-s{config.seed}-{digest}"
 
 

@@ -98,7 +98,10 @@ def _imported(path: str) -> type[Task]:
     try:
         module = import_module(module_name)
     except ImportError as error:
-        raise ValueError(f"task {path!r}: cannot import {module_name!r} ({error})") from None
+        raise ValueError(
+            f"task {path!r}: cannot import {module_name!r} ({error}); run from the folder that "
+            "holds it, or put that folder on PYTHONPATH"
+        ) from None
     task = getattr(module, attribute, None)
     if task is None:
         raise ValueError(f"task {path!r}: module {module_name!r} has no {attribute!r}")

@@ -196,10 +196,16 @@ def resolve_device(name: str):
 
 
 def build_task(config: TrainConfig):
-    """The config's task (its options checked by `make_task`)."""
+    """The config's task (its options checked by `make_task`); a ConfigError names what is
+    wrong (an unknown task, an import path that does not import, a bad option)."""
     from mecheval.tasks import make_task
 
-    return make_task(config.task.name, **config.task.options)
+    try:
+        return make_task(config.task.name, **config.task.options)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"task: {str(error).removeprefix('task ')}") from None
 
 
 def build_model_for(config: TrainConfig, task):
@@ -224,10 +230,7 @@ def validate_config(config: TrainConfig):
     from mecheval.models import model_config
 
     resolve_device(config.device)
-    try:
-        task = build_task(config)
-    except (TypeError, ValueError) as error:
-        raise ConfigError(f"task: {error}") from None
+    task = build_task(config)
     m = config.model
     try:
         model_config(
