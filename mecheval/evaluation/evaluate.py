@@ -170,7 +170,12 @@ def _evaluate(plan: _RunPlan, options: EvaluateConfig, force: bool) -> pd.DataFr
     table = with_run_identity(table, run_dir, config, documents, plan.step, accuracy=accuracy)
     files.write_table(run_dir, INTERVENTIONS, table)
     files.write_table(run_dir, EXAMPLES, examples)
-    record = {"settings": settings, "documents": len(batch), "skipped": documents.skipped}
+    record = {
+        "settings": settings,
+        "documents": batch.num_documents,
+        "answers": len(batch),
+        "skipped": documents.skipped,
+    }
     files.write_stamp(run_dir, INTERVENTIONS_STAMP, record)
     return table
 
@@ -221,7 +226,11 @@ def evaluation_summary(run_dir: str | Path) -> str:
     record = files.read_stamp(run_dir, INTERVENTIONS_STAMP)
     if not record.get("settings"):
         return f"{run_dir}: not evaluated"
-    line = f"{run_dir}: step {files.evaluated_step(run_dir)}, {record.get('documents')} documents"
+    documents, answers = record.get("documents"), record.get("answers")
+    counted = f"{documents} documents"
+    if answers not in (None, documents):
+        counted = f"{answers} answers in {counted}"
+    line = f"{run_dir}: step {files.evaluated_step(run_dir)}, {counted}"
     skipped = record.get("skipped") or {}
     if skipped:
         parts = ", ".join(f"{label} lies outside {n}" for label, n in skipped.items())
