@@ -263,20 +263,20 @@ def interchange_grid(
     if base_tokens.shape != batch.tokens.shape:
         expected, got = tuple(batch.tokens.shape), tuple(base_tokens.shape)
         raise ValueError(f"corrupted must have the batch's shape {expected}, got {got}")
-    _check_vocabulary(model, batch, base_tokens)
+    check_vocabulary(model, batch, base_tokens)
     was_training = model.training
     model.eval()
     plan = plan_grid(
         model, batch, layers, sites, positions, corrupted=base_tokens, memory_budget=memory_budget
     )
     try:
-        outputs, p_original, p_corrupted = _run(model, plan, batch, base_tokens, progress)
+        outputs, p_original, p_corrupted = run_plan(model, plan, batch, base_tokens, progress)
     finally:
         model.train(was_training)
-    return _frame(outputs, plan, p_original, p_corrupted)
+    return frame(outputs, plan, p_original, p_corrupted)
 
 
-def _check_vocabulary(model, batch: Batch, base_tokens: torch.Tensor) -> None:
+def check_vocabulary(model, batch: Batch, base_tokens: torch.Tensor) -> None:
     vocab = model.config.vocab_size
     for name, ids in (
         ("batch.tokens", batch.tokens),
@@ -292,8 +292,8 @@ def _check_vocabulary(model, batch: Batch, base_tokens: torch.Tensor) -> None:
 
 
 def _sources(model, plan: GridPlan, batch: Batch) -> tuple[dict, torch.Tensor]:
-    """The clean run's values at every site (states: already stacked like the cells) and its
-    head input at the query."""
+    """The clean run's values at every site, stacked like the cells ((P n, ...): cell i's
+    value at its document and position), and its head input at the query."""
     n, length = batch.tokens.shape
     query, positions = batch.positions["query"], plan.positions
     refs = [s.ref for s in plan.sites]
@@ -308,7 +308,7 @@ def _sources(model, plan: GridPlan, batch: Batch) -> tuple[dict, torch.Tensor]:
         reads.update({r.name: at for r in states})
     with model.intervene(reads=reads) as record:
         clean = hidden_at(model, 0, model.embed(batch.tokens), query)
-    source = {r.name: record[r.name] for r in ordinary}  # (n, L, C): cells index it per site
+    source = {r.name: record[r.name][plan.example, positions] for r in ordinary}
     if per_row:
         for r in states:  # (n, P, ...) -> stacked like the cells, (P n, ...)
             picked = record[r.name]
@@ -322,11 +322,17 @@ def _sources(model, plan: GridPlan, batch: Batch) -> tuple[dict, torch.Tensor]:
     return source, clean
 
 
-def _run(model, plan: GridPlan, batch: Batch, base_tokens: torch.Tensor, progress: bool):
-    """Every live cell of the plan: (per site: ref, p_restored, logit, kl), p_original,
-    p_corrupted."""
+def run_plan(
+    model, plan: GridPlan, batch: Batch, base_tokens: torch.Tensor, progress: bool, values=None
+):
+    """Every live cell of the plan, patched into the base documents `base_tokens` with the
+    clean run's values at its site and position (`values`, given: a function of those, the
+    stacked source dict, returning the values to patch): (per site: ref, p_restored, logit,
+    kl), p_original, p_corrupted (the base run's)."""
     query, answers = batch.positions["query"], batch.answers
     source, clean = _sources(model, plan, batch)
+    if values is not None:
+        source = values(source)
     # The base's residual stream entering each block a site's cells restart at (the next
     # one for the sites after a mixer), and what a one-position run of a block needs.
     shorts = {(s.ref.layer, s.ref.short) for s in plan.sites}
@@ -359,8 +365,6 @@ def _run_site(model, plan, site, values, base, contexts, metrics, batch, results
     (p_restored, logit, kl) into `results`."""
     ref, example, positions = site.ref, plan.example, plan.positions
     query, answers = batch.positions["query"], batch.answers
-    if ref.short != "state":
-        values = values[example, positions]  # (P n, C), stacked like the cells
     is_output = ref.short in AFTER_MIXER  # restarts at the next block, on its output
     if ref.short != "block_output" and is_output and len(site.live):
         values = _block_outputs(model, ref, values, site.live, plan, base)
@@ -423,7 +427,8 @@ def block_output_at(model, ref, values, block_input, mixer_output=None) -> torch
         return model.forward_from(ref.layer, block_input[:, None], stop=ref.layer + 1)[:, 0]
 
 
-def _frame(outputs, plan: GridPlan, p_original, p_corrupted) -> pd.DataFrame:
+def frame(outputs, plan: GridPlan, p_original, p_corrupted) -> pd.DataFrame:
+    """The grid's table from `run_plan`'s results."""
     if not outputs:
         return pd.DataFrame({c: [] for c in COLUMNS})
     cpu = lambda t: t.detach().cpu().numpy()  # noqa: E731

@@ -258,11 +258,14 @@ def plan_grid(
     *,
     corrupted: torch.Tensor | None = None,
     memory_budget: int = 1 << 30,
+    alike: bool = True,
 ) -> GridPlan:
     """The plan `interchange_grid` runs for these arguments (the same ones; the corrupted
     documents, keyword here, only prune the cells whose patch is the identity, before each
     document's corruption or at a token-local site where the documents agree: without them
-    the plan counts those cells as run)."""
+    the plan counts those cells as run). `alike` False runs the query-alike sites' cells
+    too: their patches change the query alike only when each site's values are those one
+    run computes (not for a mean ablation's means)."""
     check_batch(batch)
     device = next(model.parameters()).device
     batch = batch.to(device)
@@ -295,7 +298,7 @@ def plan_grid(
             tokens, width = batch.tokens, windows[ref.name]
             skip = identity | same_window(all_positions, tokens, corrupted, example, width)
         runs[ref.name] = reaches & ~skip
-    alike = [name for name in model.query_alike_sites() if name in runs]
+    alike = [name for name in model.query_alike_sites() if name in runs] if alike else []
     before_query = all_positions < query[example]
     plans = []
     for ref in refs:
