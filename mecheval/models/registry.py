@@ -3,7 +3,7 @@
     register_mixer("retnet", RetNet)                  a mixer of your own, by name
     architecture("retnet")                            -> Architecture
     architecture("mypackage.mixers:RetNet")           a mixer named by import path
-    architecture("mamba+attention")                   a hybrid: the parts by layer, cycling
+    architecture("mamba+attention")                   a hybrid: the parts by layer, repeating
 
 A factory (a `Mixer` subclass or a function returning a `Mixer`) is called as
 `factory(d_model, **options)`, plus, when it takes them by name, `layer_idx` (the layer's index
@@ -197,7 +197,13 @@ def _import(module_name: str):
 
 @dataclass(frozen=True)
 class Architecture:
-    """An architecture: its mixers by layer (a hybrid's parts repeat over the layers)."""
+    """An architecture: its mixers by layer. A hybrid's parts repeat over the layers, whose
+    number they must divide (one part per layer is the explicit per-layer list).
+
+    Options (`check_options`, `options_of`): a key naming an option goes to every part that
+    takes it; a key naming one of the parts holds a mapping of that part's own options
+    (`{"mamba": {"d_conv": 2}, "attention": {"num_heads": 2}}`), which win over shared ones.
+    """
 
     name: str
     parts: tuple[MixerEntry, ...]
@@ -205,9 +211,18 @@ class Architecture:
     def part(self, layer_idx: int) -> MixerEntry:
         return self.parts[layer_idx % len(self.parts)]
 
-    @property
-    def position_embeddings(self) -> bool:
-        return any(p.position_embeddings for p in self.parts)
+    def check_layers(self, n_layers: int) -> None:
+        """ValueError naming both counts when the parts do not divide the layers."""
+        if n_layers % len(self.parts):
+            raise ValueError(
+                f"arch {self.name!r} has {len(self.parts)} parts, which do not divide its "
+                f"{n_layers} layer(s): give n_layers a multiple of {len(self.parts)}, or one "
+                "part per layer"
+            )
+
+    def position_embeddings(self, n_layers: int) -> bool:
+        """Whether a part of some layer gives its models position embeddings by default."""
+        return any(self.part(i).position_embeddings for i in range(n_layers))
 
     def option_defaults(self) -> dict[str, object]:
         """Every option some part takes, with the first such part's default."""
@@ -217,24 +232,46 @@ class Architecture:
                 defaults.setdefault(option, default)
         return defaults
 
+    @property
+    def part_names(self) -> tuple[str, ...]:
+        """The parts as `name` writes them (a registered name or an import path each)."""
+        return tuple(self.name.split("+"))
+
+    def _own(self, options: Mapping[str, object]) -> dict[str, Mapping]:
+        """The per-part entries of `options`: part name -> that part's options."""
+        names = set(self.part_names)
+        return {k: v for k, v in options.items() if k in names and isinstance(v, Mapping)}
+
     def check_options(self, options: Mapping[str, object]) -> None:
-        unknown = [o for o in options if not any(p.takes(o) for p in self.parts)]
+        own = self._own(options)
+        shared = [o for o in options if o not in own]
+        unknown = [o for o in shared if not any(p.takes(o) for p in self.parts)]
         if unknown:
             known = ", ".join(self.option_defaults()) or "none"
             raise ValueError(
                 f"option(s) {', '.join(unknown)} do not apply to arch {self.name!r} "
-                f"(its options: {known})"
+                f"(its options: {known}; a part's own options go under its name)"
             )
+        for name, mapping in own.items():
+            part = self.parts[self.part_names.index(name)]
+            wrong = [o for o in mapping if not part.takes(o)]
+            if wrong:
+                raise ValueError(
+                    f"option(s) {', '.join(map(str, wrong))} do not apply to part {name!r} of "
+                    f"arch {self.name!r} (its options: {', '.join(part.options) or 'none'})"
+                )
 
     def options_of(self, layer_idx: int, options: Mapping[str, object]) -> dict[str, object]:
-        """The options that the mixer of layer `layer_idx` takes."""
-        part = self.part(layer_idx)
-        return {k: v for k, v in options.items() if part.takes(k)}
+        """The options that the mixer of layer `layer_idx` takes: the shared ones it takes,
+        then its part's own."""
+        part, own = self.part(layer_idx), self._own(options)
+        shared = {k: v for k, v in options.items() if k not in own and part.takes(k)}
+        return {**shared, **own.get(self.part_names[layer_idx % len(self.parts)], {})}
 
 
 def architecture(name: str) -> Architecture:
     """The architecture `name` names: a registered name, an import path, or parts joined by
-    "+" (a hybrid, cycling over the layers)."""
+    "+" (a hybrid, repeating over the layers)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"arch must be a non-empty string, got {name!r}")
     return Architecture(name, tuple(mixer_entry(part) for part in name.split("+")))
