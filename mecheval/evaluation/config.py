@@ -63,8 +63,8 @@ class DasOptions:
     """What `mecheval das` searches and how (the one place its defaults live).
 
     Attributes:
-        sites: short site names; those a run's model lacks are left out for it (one it has
-            none of is an error).
+        sites: short site names, each of which every run's model must have; None: those of
+            READOUT_SITES each model has.
         layers: layer indices (None: every layer).
         positions: position names as the grid takes them.
         dims: subspace sizes k (each site's full width is always added).
@@ -74,7 +74,7 @@ class DasOptions:
         split, device, step: as `mecheval evaluate` takes them.
     """
 
-    sites: list[str] = dataclasses.field(default_factory=lambda: list(READOUT_SITES))
+    sites: list[str] | None = None
     layers: list[int] | None = None
     positions: list[str] = dataclasses.field(default_factory=lambda: ["key", "value", "query"])
     dims: list[int] = dataclasses.field(default_factory=lambda: [1, 2, 4, 8, 16, 32])

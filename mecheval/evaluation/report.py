@@ -56,6 +56,7 @@ from mecheval.evaluation.study_numbers import at_study_scale, study_accuracy
 from mecheval.interventions import MECHANISM_THRESHOLD, attrib
 from mecheval.io import atomic_write_parquet
 from mecheval.run_folder.files import INTERVENTIONS, read_result, read_table
+from mecheval.run_folder.provenance import check_code, evaluated_with
 from mecheval.run_folder.status import FINISHED, status_counts, status_table
 from mecheval.tasks import make_task
 
@@ -271,12 +272,15 @@ class _Tables:
         }
 
 
-def _tables(path: Path) -> _Tables:
+def _tables(path: Path, allow_code_change: bool = False) -> _Tables:
     folders = status_table(path)
     results = collect_results(folders)
     if results.empty:
         found = f" ({len(folders)} run folders: {status_counts(folders)})" if len(folders) else ""
         raise FileNotFoundError(f"no finished run under {path}{found}")
+    # Each run's code against today's: a changed one is refused, or marked where allowed.
+    statuses = check_code(list(results["path"]), allow_code_change)
+    results["code"] = [evaluated_with(p) or statuses[Path(p)] for p in results["path"]]
     best = best_runs(results)
     # One pass over the selected runs and every evaluated seed of their configurations.
     seeds = seed_runs(best, results)
@@ -409,11 +413,16 @@ def _write_html(out: Path, found: str, sections, figures: list[str]) -> None:
     (out / "report.html").write_text("\n".join(page) + "\n")
 
 
-def build_report(path: str | Path, out: str | Path | None = None) -> Path:
-    """Write report.md, report.html, the PNG plots and the tables; returns the report folder."""
+def build_report(
+    path: str | Path, out: str | Path | None = None, allow_code_change: bool = False
+) -> Path:
+    """Write report.md, report.html, the PNG plots and the tables; returns the report folder.
+    A run whose architecture's code changed since training is refused (CodeChangedError),
+    or, with `allow_code_change`, shown and marked (`code`: changed)."""
     path = Path(path)
     out = Path(out) if out else path / "report"
-    tables = _tables(path)  # before any folder is made: a mistyped path leaves no trace
+    tables = _tables(path, allow_code_change)  # before any folder is made: a mistyped path
+    # leaves no trace
     out.mkdir(parents=True, exist_ok=True)
     for name, table in tables.stored().items():
         atomic_write_parquet(out / f"{name}.parquet", table)

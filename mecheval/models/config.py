@@ -19,7 +19,7 @@ from dataclasses import KW_ONLY, dataclass, field
 import torch
 
 from mecheval.models import zoo  # noqa: F401  (registers the zoo's architectures)
-from mecheval.models.registry import Architecture, architecture, registered
+from mecheval.models.registry import Architecture, UserCodeError, architecture, registered
 
 # The zoo's architectures, in registration order (the study's and those beyond it).
 ARCHITECTURES: tuple[str, ...] = registered()
@@ -130,6 +130,8 @@ def _check_buildable(config: ModelConfig, layer_idx: int) -> None:
         with torch.device("meta"):
             config.mixer(layer_idx)
         return
+    except UserCodeError:
+        pass  # perhaps the meta device alone: the CPU says
     except (ValueError, TypeError):
         raise
     except Exception:  # noqa: BLE001  (an operation the meta device does not have)

@@ -27,17 +27,48 @@ import importlib
 import inspect
 import re
 import sys
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
+import torch
+
+import mecheval
+from mecheval.config import ConfigError
 from mecheval.layers import Mixer
 
 BLOCKS = ("transformer", "mamba")
 # Arguments a factory may take besides its options, filled in by the model.
 CONTEXT = ("layer_idx", "n_layers", "l_max")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+
+
+class ArchitectureError(ConfigError):
+    """An architecture that cannot be had in this process: a registered name unknown here, or
+    the user's code behind it failing (UserCodeError); the message says what to do."""
+
+
+class UserCodeError(ArchitectureError):
+    """The user's code behind an architecture (an import path's module, a factory) raised: the
+    message names their file and line, and the error."""
+
+
+def _user_code_error(arch: str, what: str, error: BaseException) -> UserCodeError:
+    """`error`, raised by `what` of arch `arch`, as the user's: at the innermost place of its
+    traceback outside torch and mecheval (a SyntaxError: where the syntax is wrong)."""
+    if isinstance(error, SyntaxError):
+        place = f"{error.filename}, line {error.lineno}"
+        reason = f"SyntaxError: {error.msg}"
+    else:
+        frames = traceback.extract_tb(error.__traceback__)
+        ours = (Path(mecheval.__file__).parent, Path(torch.__file__).parent)
+        theirs = [f for f in frames if not any(Path(f.filename).is_relative_to(d) for d in ours)]
+        frame = (theirs or frames)[-1]
+        place = f"{frame.filename}, line {frame.lineno}"
+        reason = f"{type(error).__name__}: {error}"
+    return UserCodeError(f"arch {arch!r}: {what} failed at {place}: {reason}")
 
 
 @dataclass(frozen=True)
@@ -66,7 +97,12 @@ class MixerEntry:
         """The mixer of layer `layer_idx`, with `options` (those it takes)."""
         context = {"layer_idx": layer_idx, "n_layers": n_layers, "l_max": l_max}
         kwargs = {k: v for k, v in context.items() if k in self.context}
-        mixer = self.factory(d_model, **kwargs, **options)
+        try:
+            mixer = self.factory(d_model, **kwargs, **options)
+        except (ValueError, TypeError):  # a factory's refusal of its options: a config error
+            raise
+        except Exception as error:  # noqa: BLE001  (whatever the user's code raises)
+            raise _user_code_error(self.name, "its factory", error) from error
         if not isinstance(mixer, Mixer):
             raise TypeError(
                 f"architecture {self.name!r}: its factory returned a {type(mixer).__name__}, "
@@ -163,9 +199,12 @@ def mixer_entry(name: str) -> MixerEntry:
     if ":" in name:
         return _imported(name)
     if name not in _REGISTRY:
-        raise ValueError(
-            f"unknown arch {name!r}: registered are {', '.join(_REGISTRY)}; register yours with "
-            "mecheval.models.register_mixer, or name it by import path (package.module:Name)"
+        raise ArchitectureError(
+            f"unknown arch {name!r}: not registered in this process (registered: "
+            f"{', '.join(_REGISTRY)}). A name given to mecheval.models.register_mixer is known "
+            "only to the process that registers it: name the mixer by import path instead "
+            "(arch=package.module:Name, which any process imports, the current directory "
+            "included), or call mecheval from Python after importing the module that registers it"
         )
     return _REGISTRY[name]
 
@@ -175,7 +214,16 @@ def _imported(path: str) -> MixerEntry:
     try:
         module = _import(module_name)
     except ImportError as error:
-        raise ValueError(f"arch {path!r}: cannot import {module_name!r} ({error})") from None
+        if not isinstance(error, ModuleNotFoundError) or not module_name.startswith(
+            error.name or "\0"
+        ):  # the module exists, and its own code failed to import something
+            raise _user_code_error(path, f"importing {module_name!r}", error) from error
+        raise ArchitectureError(
+            f"arch {path!r}: cannot import {module_name!r} ({error}): run from the folder that "
+            "holds it, or put that folder on PYTHONPATH"
+        ) from None
+    except Exception as error:  # noqa: BLE001  (the module's own code: SyntaxError, ...)
+        raise _user_code_error(path, f"importing {module_name!r}", error) from error
     target = getattr(module, attribute, None)
     if target is None:
         raise ValueError(f"arch {path!r}: module {module_name!r} has no {attribute!r}")

@@ -238,6 +238,8 @@ def validate_config(config: TrainConfig):
             max_len=task.max_document_length,
             **m.options,
         )
+    except ConfigError:  # the architecture's own (unknown here, or its code failing)
+        raise
     except (TypeError, ValueError) as error:
         raise ConfigError(f"model: {error}") from None
     return task

@@ -21,8 +21,8 @@ def test_training_finds_the_subspace(trained):
     batch = task.sample(128, seed=5, split="dev")
     corrupted = task.corrupt(batch, at="key", seed=5)
     where = dict(sites=["block_input"], layers=[1], positions=["value"], dims=[4])
-    found = das(model, batch, corrupted, settings=DasSettings(steps=60, lr=2e-2), **where)
-    start = das(model, batch, corrupted, settings=DasSettings(steps=1, lr=1e-9), **where)
+    found, _ = das(model, batch, corrupted, settings=DasSettings(steps=60, lr=2e-2), **where)
+    start, _ = das(model, batch, corrupted, settings=DasSettings(steps=1, lr=1e-9), **where)
 
     def iia(table, k):
         return table[table["k"] == k]["correct"].mean()
