@@ -384,7 +384,11 @@ _DAS_FLAGS: dict[str, dict] = {
     },
     "layers": {"type": _int_list, "help": "e.g. 0,1 (default: every layer)"},
     "positions": {"type": _name_list, "help": "e.g. key,value,query"},
-    "dims": {"type": _int_list, "help": "subspace sizes, e.g. 1,2,4,8 (full width added)"},
+    "dims": {
+        "type": _int_list,
+        "help": "subspace sizes, e.g. 1,2,4,8 (full width added; default: 1,2,4,...,32 below "
+        "the widest site's width)",
+    },
     "corruptions": {"type": _name_list, "help": "key and/or value"},
     "steps": {"type": int, "help": "optimiser steps"},
     "lr": {"type": float, "help": "Adam's learning rate"},

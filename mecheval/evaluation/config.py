@@ -58,6 +58,9 @@ DEFAULTS = EvaluateConfig()
 READOUT_SITES = ("block_input", "mixer_output", "conv_output", "state")
 
 
+DAS_DIMS = (1, 2, 4, 8, 16, 32)  # `mecheval das`'s subspace sizes by default
+
+
 @dataclasses.dataclass
 class DasOptions:
     """What `mecheval das` searches and how (the one place its defaults live).
@@ -67,7 +70,9 @@ class DasOptions:
             READOUT_SITES each model has.
         layers: layer indices (None: every layer).
         positions: position names as the grid takes them.
-        dims: subspace sizes k (each site's full width is always added).
+        dims: subspace sizes k (each site's full width is always added; a k above every
+            searched site's width is an error, one above some site's is left out there and
+            named); None: those of DAS_DIMS below the widest site's width.
         corruptions: what the base documents change (key, value).
         steps, lr, batch_size, holdout, seed: the training settings; None: DasSettings'
             default (mecheval.interventions.das). The seed also draws the corruptions.
@@ -77,7 +82,7 @@ class DasOptions:
     sites: list[str] | None = None
     layers: list[int] | None = None
     positions: list[str] = dataclasses.field(default_factory=lambda: ["key", "value", "query"])
-    dims: list[int] = dataclasses.field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    dims: list[int] | None = None
     corruptions: list[str] = dataclasses.field(default_factory=lambda: ["key"])
     steps: int | None = None
     lr: float | None = None

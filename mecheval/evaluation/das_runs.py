@@ -26,6 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mecheval.evaluation.config import (
+    DAS_DIMS,
     READOUT_SITES,
     DasOptions,
     EvaluateConfig,
@@ -57,6 +58,7 @@ class _DasPlan:
     step: int
     sites: list[str]  # short names, those the run's model has
     layers: list[int]
+    dims: list[int]
     left_out: dict[str, list[int]]  # site (full name) -> sizes above its width
     code: str  # its architecture's code against training's
 
@@ -95,7 +97,9 @@ def check_das_options(options: DasOptions) -> tuple[DasOptions, EvaluateConfig]:
     if sites is not None and (not sites or not all(isinstance(s, str) for s in sites)):
         raise OptionError("sites", f"expected a non-empty list of site names, got {sites}")
     dims = options.dims
-    if not dims or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in dims):
+    if dims is not None and (
+        not dims or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in dims)
+    ):
         raise OptionError("dims", f"expected subspace sizes >= 1, got {dims}")
     layers = options.layers
     if layers is not None and (
@@ -107,7 +111,7 @@ def check_das_options(options: DasOptions) -> tuple[DasOptions, EvaluateConfig]:
         corruptions=evaluation.corruptions,
         positions=evaluation.positions,
         device=evaluation.device,
-        dims=sorted(set(dims)),
+        dims=None if dims is None else sorted(set(dims)),
     )
     return checked, evaluation
 
@@ -159,8 +163,10 @@ def _plan(run: Path, config: TrainConfig, documents, options: DasOptions, code: 
         model = build_model_for(config, documents.task).eval()
     sites = _sites_of(model, options.sites, layers, run)
     refs = select_sites(model, layers, sites)
+    widths = site_widths(model, refs, documents.batch.tokens)
+    dims = options.dims or [k for k in DAS_DIMS if k < max(widths.values())] or [1]
     try:
-        dropped = left_out(options.dims, site_widths(model, refs, documents.batch.tokens))
+        dropped = left_out(dims, widths)
     except ValueError as error:
         raise OptionError("dims", f"{run.name}: {error}") from None
     holdout = settings(options).holdout
@@ -170,7 +176,7 @@ def _plan(run: Path, config: TrainConfig, documents, options: DasOptions, code: 
         except ValueError as error:
             where = f"{run.name}, positions {', '.join(labels)}"
             raise OptionError("holdout", f"{where}: {error}") from None
-    return _DasPlan(run, documents, checkpoint, step, sites, layers, dropped, code)
+    return _DasPlan(run, documents, checkpoint, step, sites, layers, dims, dropped, code)
 
 
 def _sites_of(model, wanted: Sequence[str] | None, layers: list[int], run: Path) -> list[str]:
@@ -199,7 +205,7 @@ def searched_with(plan: _DasPlan, options: DasOptions) -> dict:
         "sites": plan.sites,
         "layers": plan.layers,
         "positions": options.positions,
-        "dims": options.dims,
+        "dims": plan.dims,
         "corruptions": options.corruptions,
         "split": options.split,
         **dataclasses.asdict(settings(options)),
@@ -234,7 +240,7 @@ def das_run(plan: _DasPlan, options: DasOptions, force: bool) -> pd.DataFrame:
                 part_corrupted,
                 sites=plan.sites,
                 positions=labels,
-                dims=options.dims,
+                dims=plan.dims,
                 layers=plan.layers,
                 settings=settings(options),
             )

@@ -258,6 +258,7 @@ class _Tables:
     distance: pd.DataFrame
     iia: pd.DataFrame  # DAS: IIA against k
     k_star: pd.DataFrame  # DAS: the smallest sufficient k
+    das_notes: list[str]  # DAS: what the section leaves out, named
 
     def stored(self) -> dict[str, pd.DataFrame]:
         """The tables the report folder keeps as Parquet, by name."""
@@ -287,7 +288,7 @@ def _tables(path: Path, allow_code_change: bool = False) -> _Tables:
     table = evidence_table(pd.concat([best, seeds]).drop_duplicates(subset="run"), results)
     evidence = table[table["run"].isin(best["run"])].reset_index(drop=True)
     over = over_training_table(best)
-    das = das_results(results)
+    das, das_notes = das_results(results, best)
     return _Tables(
         folders=folders,
         results=results,
@@ -301,6 +302,7 @@ def _tables(path: Path, allow_code_change: bool = False) -> _Tables:
         distance=distance_table(best),
         iia=iia_table(das) if len(das) else pd.DataFrame(),
         k_star=k_star_table(das) if len(das) else pd.DataFrame(),
+        das_notes=das_notes,
     )
 
 
@@ -351,8 +353,11 @@ def _sections(t: _Tables) -> list[tuple[str, str, pd.DataFrame]]:
         "interchange intervention accuracy (IIA, held-out documents) over no swap (the base "
         f"documents unpatched); no k* where the full swap gains less than {MIN_GAIN}: the site "
         "carries too little of the answer there. Intervals: 95% bootstrap over documents (and "
-        "seeds), k* recomputed in each draw. IIA against k: das_iia.png and das_iia.parquet."
+        "seeds), k* recomputed in each draw. Runs are pooled only within a model's selected "
+        "learning rate and DAS settings (`das_settings`); `k_left_out`: sizes some pooled "
+        "documents lack. IIA against k: das_iia.png and das_iia.parquet."
     )
+    k_star_note = " ".join([k_star_note, *t.das_notes])
     return [
         ("Findings", _findings_note(t), t.findings),
         ("Accuracy (best learning rate per architecture and width)", accuracy_note, accuracy),
@@ -435,6 +440,8 @@ def build_report(
         )
         if name is not None
     ] + _heatmaps(tables.best, out)
+    if "das_iia.png" not in figures:  # a plot of DAS tables no longer there
+        (out / "das_iia.png").unlink(missing_ok=True)
     sections = _sections(tables)
     count = f"{len(tables.folders)} ({status_counts(tables.folders)})"
     _write_markdown(out, f"Run folders under `{path}`: {count}.", sections, figures)
