@@ -120,9 +120,9 @@ class Bases(nn.Module):
     each initialised orthonormal from its combination's seed.
 
     pyvene parametrises R by Householder reflections (torch's `orthogonal`); both reach every
-    orthonormal R, and the swap depends on R R^T alone, but QR and its gradient cost about a
-    tenth as much at the residual stream's width and a thousandth at a 2048-float recurrent
-    state (docs/das.md), so the trajectories differ from pyvene's, not what they can find."""
+    orthonormal R, and the swap depends on R R^T alone, but a step of QR costs 4x to 160x less
+    (docs/das.md, measured by benchmarks/das_rotation_cost.py), so the trajectories differ from
+    pyvene's, not what they can find."""
 
     def __init__(self, width: int, k: int, seeds: Sequence[int]) -> None:
         super().__init__()

@@ -16,21 +16,37 @@ from mecheval_kernels.ssd import mamba2_scan_ref
 def _empty_batch_calls():
     """Each op called with batch 0 (and otherwise well-formed inputs)."""
     rand, pos = torch.randn, torch.rand
-    yield "causal_conv1d_fn", "x", lambda be: mecheval_kernels.causal_conv1d_fn(
-        rand(0, 4, 5), rand(4, 3), backend=be
+    yield (
+        "causal_conv1d_fn",
+        "x",
+        lambda be: mecheval_kernels.causal_conv1d_fn(rand(0, 4, 5), rand(4, 3), backend=be),
     )
-    yield "selective_scan_fn", "u", lambda be: mecheval_kernels.selective_scan_fn(
-        rand(0, 4, 5), pos(0, 4, 5), -pos(4, 3), rand(4, 3), rand(4, 3), backend=be
+    yield (
+        "selective_scan_fn",
+        "u",
+        lambda be: mecheval_kernels.selective_scan_fn(
+            rand(0, 4, 5), pos(0, 4, 5), -pos(4, 3), rand(4, 3), rand(4, 3), backend=be
+        ),
     )
     qkv = lambda: rand(0, 5, 1, 4)  # noqa: E731
-    yield "chunk_delta_rule", "q", lambda be: mecheval_kernels.chunk_delta_rule(
-        qkv(), qkv(), qkv(), pos(0, 5, 1), backend=be
+    yield (
+        "chunk_delta_rule",
+        "q",
+        lambda be: mecheval_kernels.chunk_delta_rule(qkv(), qkv(), qkv(), pos(0, 5, 1), backend=be),
     )
-    yield "chunk_gated_delta_rule", "q", lambda be: mecheval_kernels.chunk_gated_delta_rule(
-        qkv(), qkv(), qkv(), -pos(0, 5, 1), pos(0, 5, 1), backend=be
+    yield (
+        "chunk_gated_delta_rule",
+        "q",
+        lambda be: mecheval_kernels.chunk_gated_delta_rule(
+            qkv(), qkv(), qkv(), -pos(0, 5, 1), pos(0, 5, 1), backend=be
+        ),
     )
-    yield "mamba2_scan", "x", lambda be: mecheval_kernels.mamba2_scan(
-        rand(0, 5, 2, 4), pos(0, 5, 2), -pos(2), rand(0, 5, 1, 3), rand(0, 5, 1, 3), backend=be
+    yield (
+        "mamba2_scan",
+        "x",
+        lambda be: mecheval_kernels.mamba2_scan(
+            rand(0, 5, 2, 4), pos(0, 5, 2), -pos(2), rand(0, 5, 1, 3), rand(0, 5, 1, 3), backend=be
+        ),
     )
 
 
