@@ -280,7 +280,7 @@ def _tables(path: Path, allow_code_change: bool = False) -> _Tables:
         found = f" ({len(folders)} run folders: {status_counts(folders)})" if len(folders) else ""
         raise FileNotFoundError(f"no finished run under {path}{found}")
     # Each run's code against today's: a changed one is refused, or marked where allowed.
-    statuses = check_code(list(results["path"]), allow_code_change)
+    statuses = check_code(list(results["path"]), allow_code_change, need_code=False)
     results["code"] = [evaluated_with(p) or statuses[Path(p)] for p in results["path"]]
     best = best_runs(results)
     # One pass over the selected runs and every evaluated seed of their configurations.

@@ -27,6 +27,7 @@ from mecheval.run_folder.files import (
 AS_TRAINED = "as trained"
 CHANGED = "changed"
 NOT_RECORDED = "not recorded"
+NOT_CHECKED = "not checked"  # its architecture cannot be had in this process (report only)
 
 
 class CodeChangedError(RuntimeError):
@@ -78,13 +79,26 @@ def evaluated_with(run_dir: str | Path) -> str:
     return CHANGED if any(stamp.get("code") == CHANGED for stamp in stamps) else ""
 
 
-def check_code(runs: Sequence[str | Path], allow_change: bool = False) -> dict[Path, str]:
+def check_code(
+    runs: Sequence[str | Path], allow_change: bool = False, need_code: bool = True
+) -> dict[Path, str]:
     """Each run's code status (`code_status`), checked before any work: CodeChangedError names
     the first run whose code changed, unless `allow_change`; runs whose code was not recorded
-    are named once, in a ProvenanceWarning."""
-    statuses, unrecorded = {}, []
+    are named once, in a ProvenanceWarning. Without `need_code` (the report, which reads
+    tables alone) a run whose architecture cannot be had in this process (ArchitectureError:
+    a registered name, a module off the path, its code failing) is NOT_CHECKED, named once,
+    instead of an error."""
+    from mecheval.models.registry import ArchitectureError
+
+    statuses, unrecorded, unchecked = {}, [], []
     for run in map(Path, runs):
-        status, detail = code_status(run)
+        try:
+            status, detail = code_status(run)
+        except ArchitectureError as error:
+            if need_code:
+                raise
+            status, detail = NOT_CHECKED, str(error)
+            unchecked.append(f"{run.name} ({detail})")
         if status == CHANGED and not allow_change:
             raise CodeChangedError(
                 f"{run}: the code of its architecture changed since it was trained ({detail}); "
@@ -94,6 +108,14 @@ def check_code(runs: Sequence[str | Path], allow_change: bool = False) -> dict[P
         if status == NOT_RECORDED:
             unrecorded.append(run.name)
         statuses[run] = status
+    if unchecked:
+        warnings.warn(
+            f"{len(unchecked)} run(s)' code not checked, their architecture cannot be had here: "
+            + "; ".join(unchecked[:2])
+            + ("; ..." if len(unchecked) > 2 else ""),
+            ProvenanceWarning,
+            stacklevel=2,
+        )
     if unrecorded:
         more = f" and {len(unrecorded) - 3} more" if len(unrecorded) > 3 else ""
         shown = ", ".join(unrecorded[:3]) + more

@@ -159,6 +159,12 @@ def test_a_registered_name_in_a_fresh_process_says_how_to_make_it_importable(tmp
     line = _one_line(process)
     assert f"unknown arch '{registered}': not registered in this process" in line
     assert "name the mixer by import path instead (arch=package.module:Name" in line
+    # The report reads tables alone: it goes on, the run's code marked as not checked.
+    report = _fresh_process(["report", str(run)], cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    (note,) = [line for line in report.stderr.splitlines() if "note:" in line]
+    assert note.startswith("mecheval: note: 1 run(s)' code not checked, their architecture")
+    assert "| not checked |" in (run / "report" / "report.md").read_text()
 
 
 def test_a_module_that_is_not_on_the_path_is_named_with_the_fix(tmp_path, own_module):
