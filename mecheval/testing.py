@@ -4,14 +4,19 @@
     report = check_mixer("mypackage.mixers:RetNet")      # or a registered name, or the class
     print(report)                                        # one line per check
 
-It builds the mixer (which checks its declarations against its sites), then checks on random
-inputs what the interchange grid relies on: that the mixer is causal; that a run in segments
-resumed from contexts equals one run, and that it reads out at positions, when it says so;
+It builds the mixer (which checks its declarations against its sites; every part of a hybrid),
+then checks on random inputs what the interchange grid relies on: that its output is one
+tensor of its input's shape and dtype; that every site is reached and sees every position (on
+the `at=` path too); that its rows are independent; that it is causal, also with every
+parameter perturbed; that a run in segments resumed from contexts equals one run (contexts
+batch-first, never changed in place), and that it reads out at positions, when it says so;
 that every declaration holds on the mixer itself (local and window sites, the reach site, the
 read-out sites, the context sites, the state sites); and that the interchange grid equals the
 per-cell patching loop on a small model built with it. Each check compares against an
-independent run of the mixer, never against the mechanism it checks. A failure raises
-`MixerCheckError` with the report; a declaration the mixer does not make is skipped.
+independent run of the mixer, never against the mechanism it checks, and whatever the mixer
+raises is a failed check, never a raw error. A failure raises `MixerCheckError` with the
+report; a declaration the mixer does not make is skipped. `structure_problems` is the part
+`train` runs before it starts.
 """
 
 from __future__ import annotations

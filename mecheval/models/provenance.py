@@ -90,7 +90,8 @@ def _files(objects) -> dict:
             return {"sources": [], "sha256": None}
         if path.is_file() and path not in paths:
             paths.append(path)
-    units = [(str(path), path.read_bytes()) for path in paths]
+    # Labelled by file name, not path: the same code moved to another folder is the same code.
+    units = [(path.name, path.read_bytes()) for path in paths]
     return {"sources": [str(p) for p in paths], "sha256": _digest(units) if units else None}
 
 
