@@ -71,10 +71,12 @@ def test_every_user_error_is_one_line_before_any_work(runs, capsys, flags, words
     assert not list(runs.glob("*/das.*"))  # no run was searched
 
 
-def test_the_bases_are_saved_and_patching_with_them_gives_the_table(runs):
+def test_the_bases_are_saved_and_patching_with_them_gives_the_table(runs, capsys):
     run = runs / "b_mamba"
     argv = ["das", str(run), "--sites", "block_input,state", "--layers", "1", "--dims", "2,64"]
     assert cli.main([*argv, "--positions", "value,query", *FAST]) == 0
+    out = capsys.readouterr().out
+    assert "b_mamba: k 64 left out at layers.1.block_input (its width is less)" in out
     stamp = json.loads((run / "das.json").read_text())
     assert stamp["left_out"] == {"layers.1.block_input": [64]}  # named, not dropped silently
     assert stamp["settings"]["dims"] == [2, 64]
@@ -95,7 +97,7 @@ def test_the_bases_are_saved_and_patching_with_them_gives_the_table(runs):
     model, task, config = load_trained_model(run)
     options = EvaluateConfig(corruptions=["key"], positions=["value", "query"])
     documents = evaluation_documents(task, config.task.eval_size, options)
-    held = torch.as_tensor(rows["example"].to_numpy())
+    held = torch.tensor(rows["example"].to_numpy())
     batch, corrupted = documents.batch, documents.corrupted["key"]
     value = batch.positions["value"][held]
     name = "layers.1.block_input"
@@ -110,7 +112,7 @@ def test_the_bases_are_saved_and_patching_with_them_gives_the_table(runs):
             logits = model(corrupted[held])
     at = logits[torch.arange(len(held)), batch.positions["query"][held]]
     p = at.softmax(-1)[torch.arange(len(held)), batch.answers[held]]
-    want = torch.as_tensor(rows["p_target"].to_numpy()).double()
+    want = torch.tensor(rows["p_target"].to_numpy(), dtype=torch.float64)
     torch.testing.assert_close(p.double(), want, atol=1e-5, rtol=1e-4)
 
 
