@@ -203,3 +203,16 @@ def test_the_users_own_code_failing_is_their_error_with_file_and_line(
     assert code == 2
     assert line.startswith(f"mecheval: error in the architecture's code: arch '{name}:Mix': ")
     assert f"failed at {path}, line {line_number}: {error}" in line
+
+
+def test_das_of_a_run_whose_module_no_longer_compiles_names_the_users_line(tmp_path, own_module):
+    name, path = own_module
+    run = tmp_path / "runs" / "own"
+    _train(run, f"{name}:Mix")
+    path.write_text(MIXER.replace("def forward(self, x):", "def forward(self, x)"))
+    process = _fresh_process(["das", str(run), "--steps", "1"], cwd=path.parent)
+    assert process.returncode == 2
+    line = _one_line(process)
+    assert line.startswith(f"mecheval: error in the architecture's code: arch '{name}:Mix': ")
+    assert f"importing '{name}' failed at {path}, line 13: SyntaxError: " in line
+    assert not (run / "das.parquet").exists()
