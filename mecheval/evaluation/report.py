@@ -368,10 +368,11 @@ def _sections(t: _Tables) -> list[tuple[str, str, pd.DataFrame]]:
         ),
         (
             "Inside the short convs (Attrib of their output, key corrupted)",
-            "One row per run and short conv (conv: Mamba's, Based's and Mamba-2's one conv; "
-            "q_conv, k_conv, v_conv: DeltaNet's three), Attrib at the value and the two "
-            "positions after it. The study finds Mamba's association in its layer-0 short conv "
-            "after the value.",
+            "One row per run and short conv, each site its layer's mixer declares in "
+            "`conv_sites` (conv: Mamba's, Based's and Mamba-2's one conv; q_conv, k_conv, "
+            "v_conv: DeltaNet's three; a mixer of one's own, its own), Attrib at the value and "
+            "the two positions after it. The study finds Mamba's association in its layer-0 "
+            "short conv after the value.",
             conv_display(t.evidence),
         ),
         (
