@@ -39,7 +39,7 @@ def test_das(benchmark, data, arch, method):
     fn = METHODS[method]
 
     def run():
-        table = fn(model, batch, corrupted, settings=settings, **where)
+        table = fn(model, batch, corrupted, settings=settings, **where).table
         sync()
         return table
 

@@ -6,7 +6,8 @@ at the key (160 to train on, 160 held out), the sites of the study's read-outs i
 and the query, subspace sizes 1, 4 and 16 (and each site's full width), a few steps. Prints a
 markdown table and, with --json, writes the figures; checks that both give the same results.
 
-Run: python -m benchmarks.das_speedup [--archs attention,mamba,deltanet] [--steps 10] [--json FILE]
+Run: python -m benchmarks.das_speedup [--archs attention,mamba,deltanet] [--steps 10]
+         [--task study|quickstart] [--json FILE]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from mecheval.models import build_model
 from mecheval.tasks import make_task
 
 ARCHS = ("attention", "mamba", "deltanet")
+TASKS = {"study": {}, "quickstart": {"num_pairs": 4, "num_keys": 16}}
 KEYS = ["example", "layer", "site", "position", "k"]
 
 
@@ -54,6 +56,7 @@ def measure(arch: str, steps: int, task, batch, corrupted) -> dict:
     loop, loop_wall, loop_cpu = _seconds(
         lambda: das_loop(model, batch, corrupted, settings=settings, **where)
     )
+    ours, loop = ours.table, loop.table
     merged = ours.merge(loop, on=KEYS, suffixes=("", "_loop"))
     gap = float(np.abs(merged["p_target"] - merged["p_target_loop"]).max())
     same = bool((merged["correct"] == merged["correct_loop"]).all())
@@ -78,11 +81,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--task",
+        choices=tuple(TASKS),
+        default="study",
+        help="study: the study's AR (16 pairs over 4,096 keys); quickstart: the CPU quickstart's "
+        "(4 pairs over 16 keys, 13-token documents)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.optim.Adam([torch.zeros(1, requires_grad=True)])  # its one-time imports, out of both
-    task = make_task("ar")
+    task = make_task("ar", **TASKS[args.task])
     batch = task.sample(320, seed=0, split="dev")
     corrupted = task.corrupt(batch, "key", seed=0)
     rows = []

@@ -106,6 +106,23 @@ def check_same_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
     return first
 
 
+def check_batch(op: str, name: str, batch: int) -> None:
+    """Every op refuses an empty batch alike (docs/kernels.md, "Inputs every op refuses")."""
+    if batch < 1:
+        raise ValueError(f"{op}: {name} must have at least one sequence (batch B >= 1), got B = 0")
+
+
+def refuse_complex(op: str, **tensors: object) -> None:
+    """mamba-ssm's complex A (and complex B, C) is refused by name: docs/kernels.md says why."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.is_complex():
+            dtype = str(t.dtype).removeprefix("torch.")
+            raise TypeError(
+                f"{op}: {name} is complex ({dtype}); complex A, B and C (mamba-ssm's complex "
+                "SSMs) are not supported: every state here is real (docs/kernels.md)"
+            )
+
+
 def check_choice(op: str, name: str, value: object, choices: tuple) -> None:
     if value not in choices:
         raise ValueError(f"{op}: {name} must be one of {choices}, got {value!r}")

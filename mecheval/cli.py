@@ -9,8 +9,12 @@ everything here can be done from Python too.
     mecheval data stats [--task NAME ...] [--n N] [--grammar-seeds K] [key=value ...]
     mecheval evaluate RUN_DIR|SWEEP_DIR [--device cpu] [--split dev] [--positions ...]
                       [--corruptions ...] [--seed N] [--memory-budget BYTES]
-                      [--step N|latest] [--force]
-    mecheval report DIR [--out DIR]
+                      [--step N|latest] [--force] [--allow-code-change]
+    mecheval das RUN_DIR|SWEEP_DIR [--sites ...] [--layers ...] [--positions ...] [--dims ...]
+                 [--corruptions ...] [--steps N] [--lr X] [--batch-size N] [--holdout X]
+                 [--seed N] [--split dev] [--device cpu] [--step N|latest] [--force]
+                 [--allow-code-change]
+    mecheval report DIR [--out DIR] [--allow-code-change]
     mecheval run [CONFIG] [--out DIR] [key=value ...]
 
 Every error the user can fix (a bad option or config, a missing or damaged file, a folder in
@@ -186,7 +190,7 @@ def _over_runs(job, options_class, args: argparse.Namespace):
     _check_cache()
     options = {field.name: getattr(args, field.name) for field in fields(options_class)}
     try:
-        return job(args.path, force=args.force, **options)
+        return job(args.path, force=args.force, allow_code_change=args.allow_code_change, **options)
     except OptionError as error:
         raise error.renamed(_flag) from None
 
@@ -203,21 +207,30 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_das(args: argparse.Namespace) -> int:
-    from mecheval.evaluation.das_runs import das_all
+    from mecheval.evaluation.das_runs import das_all, left_out_of
+    from mecheval.run_folder.status import finished_runs
 
     table = _over_runs(das_all, DasOptions, args)
     held = table.groupby(["run", "corruption", "layer", "site", "position", "k"]).size()
     print(
         f"DAS on {table['run'].nunique()} run(s): {len(held)} (site, position, k) "
-        f"combinations x {int(held.max())} held-out documents; IIA by k in each run's das.parquet"
+        f"combinations x {int(held.max())} held-out documents; IIA by k in each run's "
+        "das.parquet, the learned bases in its das_bases.safetensors"
     )
+    for run in finished_runs(args.path):
+        for site, ks in left_out_of(run).items():
+            print(f"{run.name}: k {', '.join(map(str, ks))} left out at {site} (its width is less)")
     return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from mecheval.evaluation.report import build_report
 
-    out = build_report(args.path, _folder(Path(args.out)) if args.out else None)
+    out = build_report(
+        args.path,
+        _folder(Path(args.out)) if args.out else None,
+        allow_code_change=args.allow_code_change,
+    )
     print(f"{out / 'report.md'}\n{out / 'report.html'}")
     return 0
 
@@ -256,6 +269,15 @@ def _run_options(sub, name: str, help: str, func, options: type, flags: dict[str
             _flag(field.name), default=getattr(defaults, field.name), **flags[field.name]
         )
     p.add_argument("--force", action="store_true", help="redo runs already done")
+    _allow_code_change(p)
+
+
+def _allow_code_change(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow-code-change",
+        action="store_true",
+        help="go on with runs whose architecture's code changed since they were trained",
+    )
 
 
 def _add_train(sub) -> None:
@@ -356,10 +378,18 @@ def _name_list(text: str) -> list[str]:
 # How `mecheval das` takes each DasOptions field (its flag `_flag(field)`, its default the
 # field's): the rest of its argparse keywords.
 _DAS_FLAGS: dict[str, dict] = {
-    "sites": {"type": _name_list, "help": "e.g. block_input,state (absent ones are skipped)"},
+    "sites": {
+        "type": _name_list,
+        "help": "e.g. block_input,state, each of which every run's model must have (default: "
+        "those of block_input, mixer_output, conv_output, state each model has)",
+    },
     "layers": {"type": _int_list, "help": "e.g. 0,1 (default: every layer)"},
     "positions": {"type": _name_list, "help": "e.g. key,value,query"},
-    "dims": {"type": _int_list, "help": "subspace sizes, e.g. 1,2,4,8 (full width added)"},
+    "dims": {
+        "type": _int_list,
+        "help": "subspace sizes, e.g. 1,2,4,8 (full width added; default: 1,2,4,...,32 below "
+        "the widest site's width)",
+    },
     "corruptions": {"type": _name_list, "help": "key and/or value"},
     "steps": {"type": int, "help": "optimiser steps"},
     "lr": {"type": float, "help": "Adam's learning rate"},
@@ -381,6 +411,7 @@ def _add_report(sub) -> None:
     p = _command(sub, "report", "write the Markdown/HTML report of evaluated runs", _cmd_report)
     p.add_argument("path", help="a run folder or a sweep folder")
     p.add_argument("--out", help="report folder (default: PATH/report)")
+    _allow_code_change(p)
 
 
 def _add_run(sub) -> None:
@@ -410,13 +441,17 @@ def _os_error(error: OSError) -> str:
 def _message(error: BaseException) -> tuple[str, int]:
     """The line that reports `error`, and the exit status (see the module docstring)."""
     from mecheval.io import DamagedFileError, FolderInUseError
+    from mecheval.models.registry import UserCodeError
+    from mecheval.run_folder.provenance import CodeChangedError as CodeChanged
     from mecheval.train.loop import TrainingDiverged
 
     if isinstance(error, KeyboardInterrupt):
         return "interrupted", 130
+    if isinstance(error, UserCodeError):
+        return f"error in the architecture's code: {error}", 2
     if isinstance(error, ConfigError):
         return f"config error: {error}", 2
-    if isinstance(error, (DamagedFileError, TrainingDiverged, FolderInUseError)):
+    if isinstance(error, (DamagedFileError, TrainingDiverged, FolderInUseError, CodeChanged)):
         return f"error: {error}", 1
     if isinstance(error, OSError):  # a file or folder the command cannot use
         return f"error: {_os_error(error)}", 1
@@ -427,8 +462,16 @@ def _message(error: BaseException) -> tuple[str, int]:
     )
 
 
+def _note(message, category, filename, lineno, line=None) -> str:
+    """A warning as one line on stderr (its source's location is the library's, no help)."""
+    return f"mecheval: note: {' '.join(str(message).split())}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
     args = build_parser().parse_args(argv)
+    formatted, warnings.formatwarning = warnings.formatwarning, _note
     try:
         return args.func(args)
     except (Exception, KeyboardInterrupt) as error:
@@ -438,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
         # One line: messages that quote a parser's (YAML's) several lines are joined.
         print("mecheval: " + " ".join(message.split()), file=sys.stderr)
         return status
+    finally:
+        warnings.formatwarning = formatted
 
 
 if __name__ == "__main__":

@@ -75,14 +75,17 @@ def atomic_write_parquet(path: str | Path, frame) -> None:
     atomic_write(path, lambda p: frame.to_parquet(p, index=False))
 
 
-def read_parquet(path: str | Path, fix: str = ""):
-    """A Parquet table as a pandas DataFrame; DamagedFileError names a file that cannot be read
-    (truncated, not Parquet), with `fix` (how to write it anew) appended."""
+def read_parquet(path: str | Path, fix: str = "", data: bytes | None = None):
+    """A Parquet table as a pandas DataFrame (from `data`, the file's bytes already read, when
+    given); DamagedFileError names a file that cannot be read (truncated, not Parquet), with
+    `fix` (how to write it anew) appended."""
+    import io
+
     import pandas as pd
     import pyarrow
 
     try:
-        return pd.read_parquet(path)
+        return pd.read_parquet(path if data is None else io.BytesIO(data))
     except (pyarrow.ArrowException, OSError, ValueError) as error:
         if isinstance(error, FileNotFoundError):
             raise

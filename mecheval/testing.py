@@ -5,19 +5,26 @@
     report = check_mixer("mypackage.mixers:RetNet")      # or a registered name, or the class
     print(report)                                        # one line per check
 
-It builds the mixer (which checks its declarations against its sites), then checks on random
-inputs what the interchange grid relies on: that the mixer is causal; that a run in segments
-resumed from contexts equals one run, and that it reads out at positions, when it says so;
+It builds the mixer (which checks its declarations against its sites; every part of a hybrid),
+then checks on random inputs what the interchange grid relies on: that its output is one
+tensor of its input's shape and dtype; that every site is reached and sees every position (on
+the `at=` path too); that its rows are independent; that it is causal, also with every
+parameter perturbed; that a run in segments resumed from contexts equals one run (contexts
+batch-first, never changed in place), and that it reads out at positions, when it says so;
 that every declaration holds on the mixer itself (local and window sites, the reach site, the
 read-out sites, the context sites, the state sites); and that the interchange grid equals the
 per-cell patching loop on a small model built with it. Each check compares against an
-independent run of the mixer, never against the mechanism it checks. A failure raises
-`MixerCheckError` with the report; a declaration the mixer does not make is skipped.
+independent run of the mixer, never against the mechanism it checks, and whatever the mixer
+raises is a failed check, never a raw error. A failure raises `MixerCheckError` with the
+report; a declaration the mixer does not make is skipped. `structure_problems` is the part
+`train` runs before it starts.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import functools
 import itertools
 from collections.abc import Callable, Iterator
@@ -30,8 +37,8 @@ from mecheval.interventions import interchange_grid, per_cell_loop
 from mecheval.layers import Mixer
 from mecheval.layers.resume import Resume, context_rows
 from mecheval.layers.sites import SitePlan, StateSite
-from mecheval.models import build_model, model_config
-from mecheval.models.registry import register_mixer, unregister_mixer
+from mecheval.models import build_model, build_model_from_config, model_config
+from mecheval.models.registry import architecture, register_mixer, unregister_mixer
 from mecheval.tasks import Task, make_task
 
 GRID_COLUMNS = ("p_original", "p_corrupted", "p_restored", "logit_restored", "kl")
@@ -87,22 +94,29 @@ def check_mixer(
     """Check a mixer against the contract (see the module docstring).
 
     Args:
-        arch: a registered name, an import path (`package.module:Name`), or a factory (a
-            `Mixer` subclass or a function returning one, as `register_mixer` takes it).
+        arch: a registered name, an import path (`package.module:Name`), a hybrid of them, or a
+            factory (a `Mixer` subclass or a function returning one, as `register_mixer` takes
+            it).
         d_model: the width it is checked at.
-        options: the mixer's options (as a model config gives them).
-        length, batch: the random inputs' sequence length and batch size.
-        grid: also compare the interchange grid with the per-cell loop on a small 2-layer
-            model of this mixer (the slowest check).
+        options: the model's and the mixer's options, as a model config gives them (init,
+            position_embeddings and the mixer's own).
+        length, batch: the random inputs' sequence length and batch size (batch >= 2).
+        grid: also compare the interchange grid with the per-cell loop on a small model of this
+            mixer, one layer per part of a hybrid and at least two (the slowest check).
         seed: the seed of the inputs and of the mixers' weights.
-        atol, rtol: tolerances of every comparison.
+        atol, rtol: tolerances of every comparison (the grid's scaled to its logits'
+            magnitude: see `_grid_check`).
 
     Returns:
-        the report; raises MixerCheckError when a check fails.
+        the report; raises MixerCheckError when a check fails, whatever the mixer raised.
     """
     with _named(arch) as name:
         report = MixerReport(name)
-        config = model_config(name, 64, d_model, 2, max_len=length, **(options or {}))
+        try:
+            config = _config(name, d_model, length, options or {})
+        except (ValueError, TypeError) as error:  # an option, or declarations against sites
+            report.checks.append(Check("build", False, _line(error)))
+            raise MixerCheckError(report) from None
         for layer in range(config.n_layers):
             torch.manual_seed(seed + layer)
             mixer = config.mixer(layer).eval()
@@ -111,10 +125,42 @@ def check_mixer(
             for check in probe.checks():
                 report.checks.append(Check(f"{prefix} {check.name}", check.passed, check.detail))
         if grid:
-            report.checks.append(_grid_check(name, d_model, options or {}, seed, atol, rtol))
+            check = functools.partial(_grid_check, config, seed, atol, rtol)
+            report.checks.append(_guarded("grid", check))
     if report.failed:
         raise MixerCheckError(report)
     return report
+
+
+def _config(name: str, d_model: int, length: int, options: dict):
+    """The config checked: one layer per part of a hybrid (every part built), at least two."""
+    n_layers = max(2, len(architecture(name).parts))
+    return model_config(name, 64, d_model, n_layers, max_len=length, **options)
+
+
+def _line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def _guarded(name: str, check: Callable[[], Check]) -> Check:
+    """`check()`, or a failed Check naming what the mixer raised: never a raw error."""
+    try:
+        return check()
+    except Exception as error:  # noqa: BLE001  (the mixer's own code raises anything)
+        return Check(name, False, f"raised {type(error).__name__}: {_line(error)}")
+
+
+def structure_problems(mixer: Mixer, d_model: int, length: int = 4) -> list[str]:
+    """What `check_mixer` would fail on structure, from one run of `mixer` on random input:
+    its output not a tensor of its input's shape and dtype, a site that forward never reaches
+    or that sees fewer positions than the input has (also on the `at=` path). `train` refuses
+    a mixer with any (mecheval.train.config.validate_config)."""
+    with torch.random.fork_rng(devices=[]):
+        probe = _Probe(mixer.eval(), d_model, length, 2, 0, 1e-5, 1e-4)
+        checks = [_guarded("forward", probe.forward)]
+        if checks[0].passed:
+            checks.append(_guarded("sites", probe.sites))
+    return [f"{c.name}: {c.detail}" for c in checks if c.passed is False]
 
 
 @contextlib.contextmanager
@@ -167,34 +213,102 @@ class _Probe:
         return a.shape == b.shape and torch.allclose(a, b, atol=self.atol, rtol=self.rtol)
 
     def checks(self) -> Iterator[Check]:
-        for check in (
-            self.shape,
-            self.causal,
-            self.resumes,
-            self.reads_out_at,
-            self.local_sites,
-            self.window_sites,
-            self.reach_site,
-            self.readout_sites,
-            self.context_sites,
-            self.state_sites,
+        forward = _guarded("forward", self.forward)
+        yield forward
+        for name, check in (
+            ("sites", self.sites),
+            ("rows", self.rows_apart),
+            ("causal", self.causal),
+            ("resumable", self.resumes),
+            ("reads_out_at", self.reads_out_at),
+            ("local_sites", self.local_sites),
+            ("window_sites", self.window_sites),
+            ("reach_site", self.reach_site),
+            ("readout_sites", self.readout_sites),
+            ("context_sites", self.context_sites),
+            ("state sites", self.state_sites),
         ):
-            yield check()
+            yield _guarded(name, check) if forward.passed else Check(name, None, "forward failed")
 
-    def shape(self) -> Check:
+    def forward(self) -> Check:
         out, _ = self.run(self.x)
-        ok = out.shape == self.x.shape
-        return Check("forward", ok, f"{tuple(self.x.shape)} -> {tuple(out.shape)}")
+        shape = tuple(self.x.shape)
+        if not isinstance(out, torch.Tensor):
+            got = type(out).__name__
+            return Check("forward", False, f"returns a {got}, not one tensor of shape {shape}")
+        if out.shape != self.x.shape or out.dtype != self.x.dtype:
+            return Check(
+                "forward",
+                False,
+                f"{shape} {self.x.dtype} -> {tuple(out.shape)} {out.dtype}: the output must "
+                "have its input's shape and dtype",
+            )
+        return Check("forward", True, f"{shape} -> {tuple(out.shape)}")
+
+    def sites(self) -> Check:
+        """Every site is reached, and sees every position, also on the `at=` path."""
+        names = list(self.mixer.sites())
+        if not names:
+            return Check("sites", None, "none")
+        problems = self._unseen(names, {})
+        if self.mixer.reads_out_at and not problems:
+            at = torch.zeros(self.batch, dtype=torch.long)
+            plain = [n for n in names if not isinstance(self.mixer.sites()[n], StateSite)]
+            problems = [f"{p} on the at= path" for p in self._unseen(plain, {"at": at})]
+        if problems:
+            detail = "; ".join(problems) + " (every site sees every position: docs/mixers.md)"
+            return Check("sites", False, detail)
+        return Check("sites", True, f"{', '.join(names)}: reached, at every position")
+
+    def _unseen(self, names: list[str], kwargs: dict) -> list[str]:
+        _, record = self.run(self.x, reads=dict.fromkeys(names), **kwargs)
+        problems = []
+        for name in names:
+            if name not in record:
+                problems.append(f"{name} is never reached by forward")
+            elif record[name].shape[1] != self.length:
+                seen = record[name].shape[1]
+                problems.append(f"{name} sees {seen} of {self.length} positions")
+        return problems
+
+    def rows_apart(self) -> Check:
+        """A row's output depends on its own input alone (the grid stacks documents)."""
+        whole, _ = self.run(self.x)
+        other = self.x.clone()
+        other[0] = self.random(*self.x.shape[1:])
+        changed, _ = self.run(other)
+        if not self.same(changed[1:], whole[1:]):
+            detail = "changing row 0's input changes other rows' outputs: rows must be independent"
+            return Check("rows", False, detail)
+        return Check("rows", True, "each row's output depends on its own input alone")
 
     def causal(self) -> Check:
-        whole, _ = self.run(self.x)
-        for p in (1, self.length // 2, self.length - 1):
-            later = self.x.clone()
-            later[:, p:] = self.random(self.batch, self.length - p, self.x.shape[-1])
-            changed, _ = self.run(later)
-            if not self.same(changed[:, :p], whole[:, :p]):
-                return Check("causal", False, f"inputs from position {p} on change earlier outputs")
-        return Check("causal", True, "later inputs never change earlier outputs")
+        """Causal as built, and with every parameter perturbed: a look-ahead that the default
+        init hides (a gate at zero) shows then."""
+        live = copy.deepcopy(self.mixer)
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for p in live.parameters():
+                scale = float(p.float().pow(2).mean().sqrt()) or 1.0
+                p.add_(0.1 * scale * torch.randn(p.shape, generator=g).to(p.dtype))
+        for mixer, how in ((self.mixer, ""), (live, " (with every parameter perturbed)")):
+            p = self._peeks(mixer)
+            if p is not None:
+                detail = f"inputs from position {p} on change earlier outputs{how}"
+                return Check("causal", False, detail)
+        detail = "later inputs never change earlier outputs, also with every parameter perturbed"
+        return Check("causal", True, detail)
+
+    def _peeks(self, mixer: Mixer) -> int | None:
+        """The first cut position whose later inputs change `mixer`'s earlier outputs."""
+        with torch.no_grad():
+            whole = mixer(self.x)
+            for p in (1, self.length // 2, self.length - 1):
+                later = self.x.clone()
+                later[:, p:] = self.random(self.batch, self.length - p, self.x.shape[-1])
+                if not self.same(mixer(later)[:, :p], whole[:, :p]):
+                    return p
+        return None
 
     def _pieces(self, cuts, **kwargs):
         """The outputs of the segments [0, cuts[0]), [cuts[0], cuts[1]), ..., each resuming
@@ -210,16 +324,31 @@ class _Probe:
             return Check("resumable", None, "not declared: the grid reruns whole documents")
         whole, _ = self.run(self.x)
         cuts = [1, self.length // 2]
-        pieces, context = self._pieces(cuts)
-        if not self.same(pieces, whole):
-            return Check("resumable", False, f"a run cut at {cuts} differs from one run")
-        rows = torch.tensor([self.batch - 1, 0])
         first = Resume()
         self.run(self.x[:, : cuts[1]], resume=first)
+        context = first.state or ()
+        for i, t in enumerate(context):
+            if t is not None and (t.dim() == 0 or t.shape[0] != self.batch):
+                detail = (
+                    f"context entry {i} has shape {tuple(t.shape)}: its first axis must be the "
+                    f"batch ({self.batch})"
+                )
+                return Check("resumable", False, detail)
+        pieces, _ = self._pieces(cuts)
+        if not self.same(pieces, whole):
+            return Check("resumable", False, f"a run cut at {cuts} differs from one run")
+        kept = [None if t is None else t.clone() for t in context]
+        rows = torch.tensor([self.batch - 1, 0])
         rest, _ = self.run(self.x[rows, cuts[1] :], resume=Resume(context_rows(first.state, rows)))
         if not self.same(rest, whole[rows, cuts[1] :]):
-            return Check("resumable", False, "contexts do not have the batch axis first")
+            return Check("resumable", False, "resuming a selection of the context's rows differs")
         quiet, _ = self.run(self.x[:, cuts[1] :], resume=Resume(first.state, leave=False))
+        if not _same_context(tuple(kept), first.state, torch.equal):
+            detail = (
+                "resuming changed the context it resumed from in place (leave a new one in "
+                "resume.state: the grid resumes many runs from one context)"
+            )
+            return Check("resumable", False, detail)
         if not self.same(quiet, whole[:, cuts[1] :]):
             return Check("resumable", False, "resuming with leave=False changes the outputs")
         return Check("resumable", True, f"a run cut at {cuts} equals one run")
@@ -375,18 +504,32 @@ def _same_context(ours, theirs, same) -> bool:
     )
 
 
-def _grid_check(name: str, d_model: int, options: dict, seed: int, atol, rtol) -> Check:
-    """The interchange grid equals the per-cell loop on a small 2-layer model of the mixer,
-    every site, the named positions."""
+# The grid check's model is sharpened (weights x 4: patches then matter) and its head tempered
+# to logits of at most this magnitude, whatever the init: float32 rounding in the logits grows
+# with their magnitude (PyTorch's init makes them ~200), and saturated softmaxes compare nothing.
+LOGIT_SCALE = 8.0
+
+
+def _grid_check(config, seed: int, atol: float, rtol: float) -> Check:
+    """The interchange grid equals the per-cell loop on a small model of the mixer (one layer
+    per part of a hybrid, at least two; its options and init), every site, the named
+    positions."""
     task = make_task("ar", num_pairs=4, num_keys=16)
+    config = dataclasses.replace(
+        config, vocab_size=task.vocab_size, max_len=task.max_document_length
+    )
     torch.manual_seed(seed)
-    model = build_model(name, task.vocab_size, d_model, max_len=task.max_document_length, **options)
-    with torch.no_grad():  # sharper weights than the init: patches then matter
-        for p in model.parameters():
-            p.mul_(4.0)
+    model = build_model_from_config(config).eval()
     batch = task.sample(6, seed=seed, split="dev")
     corrupted = task.corrupt(batch, "key", seed=seed)
-    fast = interchange_grid(model.eval(), batch, corrupted)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0)
+        scale = float(model(batch.tokens).abs().max())
+        if scale > LOGIT_SCALE:  # the final norm's output scales the logits alone
+            model.norm_f.weight.mul_(LOGIT_SCALE / scale)
+            model.norm_f.bias.mul_(LOGIT_SCALE / scale)
+    fast = interchange_grid(model, batch, corrupted)
     slow = per_cell_loop(model, batch, corrupted)
     keys = ["example", "layer", "site", "position"]
     merged = fast.merge(slow, on=keys, suffixes=("", "_loop"), validate="one_to_one")

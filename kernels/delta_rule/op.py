@@ -25,7 +25,7 @@ import torch
 from mecheval_kernels._op import Op, compute_dtype
 from mecheval_kernels.delta_rule.reference import l2_normalize
 from mecheval_kernels.stacking import fold_into, is_batched, unfold_from
-from mecheval_kernels.validation import check_range, check_tensor, refuse_unsupported
+from mecheval_kernels.validation import check_batch, check_range, check_tensor, refuse_unsupported
 
 MAX_HEAD_DIM = 256
 # The Triton backend runs the delta rule's fused recurrent kernel for T <= this, the chunked
@@ -60,6 +60,7 @@ def _validate(op: str, dtypes, q, k, v, g, beta, scale, initial_state) -> None:
     calls, a device sync) when there is a g; `op` is the public function's name."""
     sizes: dict[str, int] = {}
     check_tensor(op, "q", q, "B T H K", sizes, dtypes)
+    check_batch(op, "q", sizes["B"])
     if sizes["T"] < 1:
         raise ValueError(f"{op}: q must have at least one position (T >= 1), got T = 0")
     if sizes["H"] < 1:

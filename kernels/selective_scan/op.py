@@ -16,10 +16,12 @@ import torch
 from mecheval_kernels._op import Op, compute_dtype, needs_grad
 from mecheval_kernels.stacking import fold_into, unfold_from
 from mecheval_kernels.validation import (
+    check_batch,
     check_choice,
     check_range,
     check_tensor,
     check_tensor_layouts,
+    refuse_complex,
 )
 
 MAX_STATE = 256
@@ -46,8 +48,10 @@ class ScanArgs(NamedTuple):
 def _validate(dtypes, u, delta, A, B, C, D, z, delta_bias, initial_state, softplus) -> None:
     op = OP.public
     sizes: dict[str, int] = {}
+    refuse_complex(op, A=A, B=B, C=C)
     check_tensor(op, "u", u, "B D L", sizes, dtypes)
-    for dim, what in (("L", "position (L"), ("B", "sequence (batch B"), ("D", "channel (D")):
+    check_batch(op, "u", sizes["B"])
+    for dim, what in (("L", "position (L"), ("D", "channel (D")):
         if sizes[dim] < 1:
             raise ValueError(f"{op}: u must have at least one {what} >= 1), got {dim} = 0")
     check_tensor(op, "delta", delta, "B D L", sizes, dtypes)

@@ -9,7 +9,13 @@ import torch
 
 from mecheval_kernels._op import Op, compute_dtype, needs_grad
 from mecheval_kernels.stacking import fold_into, unfold_from
-from mecheval_kernels.validation import check_choice, check_range, check_tensor, refuse_unsupported
+from mecheval_kernels.validation import (
+    check_batch,
+    check_choice,
+    check_range,
+    check_tensor,
+    refuse_unsupported,
+)
 
 ACTIVATIONS = (None, "silu", "swish")
 MAX_WIDTH = 8
@@ -31,6 +37,7 @@ def _validate(dtypes, x, weight, bias, initial_states, activation) -> None:
     op = OP.public
     sizes: dict[str, int] = {}
     check_tensor(op, "x", x, "B D L", sizes, dtypes)
+    check_batch(op, "x", sizes["B"])
     check_tensor(op, "weight", weight, "D W", sizes, dtypes)
     check_range(op, "weight width W", sizes["W"], 1, MAX_WIDTH)
     if sizes["L"] < 1:

@@ -24,6 +24,7 @@ from mecheval_kernels.selective_scan.op import MAX_STATE
 from mecheval_kernels.ssd.chunked import Inputs, ssd_chunked
 from mecheval_kernels.validation import (
     allowed_dtypes,
+    check_batch,
     check_choice,
     check_range,
     check_same_device,
@@ -38,7 +39,8 @@ OP = "mamba2_scan"
 def _validate(dtypes, x, dt, A, B, C, D, z, dt_bias, initial_states, softplus, chunk_size):
     sizes: dict[str, int] = {}
     check_tensor(OP, "x", x, "B L H P", sizes, dtypes)
-    for dim, what in (("B", "batch"), ("L", "length"), ("H", "heads"), ("P", "head dim")):
+    check_batch(OP, "x", sizes["B"])
+    for dim, what in (("L", "length"), ("H", "heads"), ("P", "head dim")):
         if sizes[dim] < 1:
             raise ValueError(f"{OP}: x must have {what} {dim} >= 1, got shape {tuple(x.shape)}")
     check_tensor(OP, "dt", dt, "B L H", sizes, dtypes)
@@ -68,9 +70,10 @@ NO_LIMIT = (0.0, float("inf"))
 
 def checked(backend, x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states, chunk_size,
             dt_limit=NO_LIMIT) -> tuple[Inputs, str]:  # fmt: skip
-    """(the validated inputs, the backend that runs them). A dt_limit other than (0, inf)
-    clamps the step sizes after the bias and softplus, as mamba-ssm does: they are then
-    formed here and passed on as they are."""
+    """(the validated inputs, the backend that runs them). The step sizes are clamped to
+    dt_limit after the bias and softplus, the default (0, inf) included, as mamba-ssm's
+    kernel always clamps: where the clamp can change them (a limit other than (0, inf), or no
+    softplus to keep them >= 0) they are formed here and passed on as they are."""
     check_tensor(OP, "x", x, "B L H P", {})
     tensors = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias)
     device = check_same_device(OP, **tensors, initial_states=initial_states)
@@ -83,7 +86,7 @@ def checked(backend, x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states,
         chunk_size=chunk_size,
     )
     limit = _check_limit(dt_limit)
-    if limit != NO_LIMIT:
+    if limit != NO_LIMIT or not dt_softplus:
         step = dt.float() if dt.dtype != torch.float64 else dt
         if dt_bias is not None:
             step = step + dt_bias.to(step.dtype)
@@ -124,7 +127,7 @@ def mamba2_scan(
     """Mamba-2's scan, drop-in for mamba-ssm's `mamba_chunk_scan_combined`.
 
         dt  = softplus(dt + dt_bias) if dt_softplus else dt + dt_bias        (B, L, H)
-        dt  = clamp(dt, *dt_limit)                                           (if not (0, inf))
+        dt  = clamp(dt, *dt_limit)                 (always: the default keeps dt >= 0)
         h_t = exp(dt_t A_h) h_{t-1} + dt_t x_t B_t^T      h_t (P, N) per head
         y_t = h_t C_t ;  out = (y + D * x) * silu(z)
 
@@ -148,7 +151,8 @@ def mamba2_scan(
         seq_idx, cu_seqlens, return_varlen_states: mamba-ssm's packed sequences; only None,
             None and False are supported (anything else is refused by name).
         dt_softplus: apply softplus to dt + dt_bias.
-        dt_limit: (low, high) clamp of the step sizes after the softplus.
+        dt_limit: (low, high) clamp of the step sizes after the softplus; the default
+            (0, inf) clamps negative step sizes to 0, as mamba-ssm does.
         return_final_states: also return the state after the last position.
         backend: "auto", "triton" or "torch"; None uses the process default
             (mecheval_kernels.backend).

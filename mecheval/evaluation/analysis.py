@@ -23,13 +23,19 @@ import pandas as pd
 
 from mecheval.evaluation.over_training import (
     CONV_POSITIONS,
-    CONV_SITES,
     conv_column,
+    is_conv_cell,
     parse_conv_column,
 )
 from mecheval.interventions import attrib_intervals, readout
 from mecheval.interventions.scores import MECHANISMS
-from mecheval.run_folder.files import EXAMPLES, INTERVENTIONS, OVER_TRAINING, read_table
+from mecheval.run_folder.files import (
+    EXAMPLES,
+    INTERVENTIONS,
+    OVER_TRAINING,
+    evaluated_conv_sites,
+    read_table,
+)
 
 READOUTS = tuple(MECHANISMS)
 IDENTITY = (
@@ -113,16 +119,18 @@ def evidence_table(best: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
                 if name in many:
                     row[f"{name}_seeds_low"] = many.get(f"{name}_low")
                     row[f"{name}_seeds_high"] = many.get(f"{name}_high")
-        row.update(conv_readouts(grid))
+        row.update(conv_readouts(grid, evaluated_conv_sites(run["path"])))
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def conv_readouts(grid: pd.DataFrame) -> dict[str, float]:
+def conv_readouts(grid: pd.DataFrame, declared: dict | None = None) -> dict[str, float]:
     """Attrib (with bounds) of each short conv's output at the value and the two positions
-    after it, named by `conv_column` (`conv_value+1`, `conv_l1_value`, `k_conv_value`, ...)."""
+    after it, named by `conv_column` (`conv_value+1`, `conv_l1_value`, `k_conv_value`, ...);
+    the convs are the sites `declared` per layer (the mixers' `conv_sites` the evaluation
+    recorded; None: not recorded, the zoo's conv sites by name)."""
     row = {}
-    conv = grid[grid["site"].isin(CONV_SITES)]
+    conv = grid[is_conv_cell(grid, declared)]
     for (site, layer), cells in conv.groupby(["site", "layer"]):
         cells = attrib_intervals(cells, reps=BOOTSTRAP_REPS).set_index("position")
         for position in CONV_POSITIONS:

@@ -62,26 +62,31 @@ DEFAULTS = EvaluateConfig()
 READOUT_SITES = ("block_input", "mixer_output", "conv_output", "state")
 
 
+DAS_DIMS = (1, 2, 4, 8, 16, 32)  # `mecheval das`'s subspace sizes by default
+
+
 @dataclasses.dataclass
 class DasOptions:
     """What `mecheval das` searches and how (the one place its defaults live).
 
     Attributes:
-        sites: short site names; those a run's model lacks are left out for it (one it has
-            none of is an error).
+        sites: short site names, each of which every run's model must have; None: those of
+            READOUT_SITES each model has.
         layers: layer indices (None: every layer).
         positions: position names as the grid takes them.
-        dims: subspace sizes k (each site's full width is always added).
+        dims: subspace sizes k (each site's full width is always added; a k above every
+            searched site's width is an error, one above some site's is left out there and
+            named); None: those of DAS_DIMS below the widest site's width.
         corruptions: what the base documents change (key, value).
         steps, lr, batch_size, holdout, seed: the training settings; None: DasSettings'
             default (mecheval.interventions.das). The seed also draws the corruptions.
         split, device, step: as `mecheval evaluate` takes them.
     """
 
-    sites: list[str] = dataclasses.field(default_factory=lambda: list(READOUT_SITES))
+    sites: list[str] | None = None
     layers: list[int] | None = None
     positions: list[str] = dataclasses.field(default_factory=lambda: ["key", "value", "query"])
-    dims: list[int] = dataclasses.field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    dims: list[int] | None = None
     corruptions: list[str] = dataclasses.field(default_factory=lambda: ["key"])
     steps: int | None = None
     lr: float | None = None

@@ -47,12 +47,13 @@ from mecheval.evaluation.documents import (
     documents_key,
     documents_of,
 )
-from mecheval.evaluation.over_training import evaluate_over_training
+from mecheval.evaluation.over_training import conv_sites, evaluate_over_training
 from mecheval.interventions import interchange_grid
 from mecheval.io import DamagedFileError
 from mecheval.run_folder import files
 from mecheval.run_folder.checkpoints import read_state, weights_sha256
 from mecheval.run_folder.files import EXAMPLES, INTERVENTIONS, INTERVENTIONS_STAMP, RESULT
+from mecheval.run_folder.provenance import check_code
 from mecheval.run_folder.status import finished_runs
 from mecheval.run_folder.weights import load_trained_model, run_checkpoint
 from mecheval.train.config import TrainConfig
@@ -67,18 +68,25 @@ class _RunPlan:
     documents: EvaluationDocuments
     checkpoint: Path
     step: int
+    code: str  # its architecture's code against training's (mecheval.run_folder.provenance)
 
 
 def _plans(
-    runs: Sequence[Path], options: EvaluateConfig, corruption_options: Mapping | None
+    runs: Sequence[Path],
+    options: EvaluateConfig,
+    corruption_options: Mapping | None,
+    allow_code_change: bool = False,
 ) -> list[_RunPlan]:
-    """Check everything the runs' evaluations need, before any starts."""
+    """Check everything the runs' evaluations need, before any starts: their options, their
+    architectures' code (mecheval.run_folder.provenance) and checkpoints."""
     configs = [files.read_run_config(run) for run in runs]
+    code = check_code(runs, allow_code_change)
     documents = documents_of(configs, options, corruption_options)
     plans = []
     for run, config in zip(runs, configs, strict=True):
         checkpoint, step = run_checkpoint(run, options.step)
-        plans.append(_RunPlan(run, config, documents[documents_key(config)], checkpoint, step))
+        docs = documents[documents_key(config)]
+        plans.append(_RunPlan(run, config, docs, checkpoint, step, code[Path(run)]))
     return plans
 
 
@@ -93,6 +101,7 @@ def evaluate_run(
     force: bool = False,
     corruption_options: Mapping[str, object] | None = None,
     step: int | str | None = DEFAULTS.step,
+    allow_code_change: bool = False,
 ) -> pd.DataFrame:
     """The interchange grids of one finished run (see the module docstring).
 
@@ -101,6 +110,8 @@ def evaluate_run(
             (`task.corruption_options`, e.g. AR's corruption_range), overriding the run's.
         step: the checkpoint evaluated: None, the one the run's result names; a step number;
             or "latest", the newest intact one.
+        allow_code_change: evaluate it even when its architecture's code changed since it
+            was trained (else CodeChangedError).
 
     Returns:
         the grid table with identifying columns added: run, arch, d_model, n_layers, lr,
@@ -122,7 +133,7 @@ def evaluate_run(
             step=step,
         )
     )
-    (plan,) = _plans([Path(run_dir)], options, corruption_options)
+    (plan,) = _plans([Path(run_dir)], options, corruption_options, allow_code_change)
     return _evaluate(plan, options, force)
 
 
@@ -168,15 +179,16 @@ def _evaluate(plan: _RunPlan, options: EvaluateConfig, force: bool) -> pd.DataFr
     table = pd.concat(frames, ignore_index=True)
     accuracy = float(examples["correct"].mean())
     table = with_run_identity(table, run_dir, config, documents, plan.step, accuracy=accuracy)
-    files.write_table(run_dir, INTERVENTIONS, table)
-    files.write_table(run_dir, EXAMPLES, examples)
     record = {
         "settings": settings,
         "documents": batch.num_documents,
         "answers": len(batch),
         "skipped": documents.skipped,
+        "conv_sites": conv_sites(model),
+        "code": plan.code,
     }
-    files.write_stamp(run_dir, INTERVENTIONS_STAMP, record)
+    written = {INTERVENTIONS: table, EXAMPLES: examples}
+    files.write_stamped(run_dir, INTERVENTIONS_STAMP, written, record)
     return table
 
 
@@ -244,17 +256,18 @@ def evaluate_all(
     over_training: bool = True,
     force: bool = False,
     corruption_options: Mapping[str, object] | None = None,
+    allow_code_change: bool = False,
     **options,
 ) -> pd.DataFrame:
     """`evaluate_run` on every finished run under `path` (and, with `over_training`, the
     read-outs of every kept checkpoint: mecheval.evaluation.over_training); returns all grids
-    concatenated. `options` are EvaluateConfig's fields. Every run's options and checkpoint
-    are checked before the first is evaluated."""
+    concatenated. `options` are EvaluateConfig's fields. Every run's options, architecture's
+    code and checkpoint are checked before the first is evaluated."""
     checked = check_options(EvaluateConfig(**options))
     runs = finished_runs(path)
     if not runs:
         raise FileNotFoundError(f"no finished run in {path} (a run folder holds {RESULT})")
-    plans = _plans(runs, checked, corruption_options)
+    plans = _plans(runs, checked, corruption_options, allow_code_change)
     tables = []
     for plan in tqdm(plans, desc="evaluate", unit="run", disable=not progress):
         tables.append(_evaluate(plan, checked, force))

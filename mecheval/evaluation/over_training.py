@@ -8,10 +8,11 @@ keeps them), on the read-out cells only, which makes it cheap: the key corrupted
 - 2-layer models: layer 1's block input at key, value and query (direct late, induction,
   direct early);
 - other depths: each layer's mixer output at the query;
-- models with short convs (Mamba's and Based's one conv, DeltaNet's q, k and v convs): each
-  conv's output at value, value+1 and value+2, where the study finds Mamba's association
-  (`conv_value+1` for layer 0's conv, `conv_l1_value` for layer 1's, `k_conv_value` for
-  layer 0's key conv; `conv_column` names them).
+- models with short convs (each site a mixer declares in `conv_sites`: Mamba's and Based's
+  one conv, DeltaNet's q, k and v convs, any mixer's own): each conv's output at value,
+  value+1 and value+2, where the study finds Mamba's association (`conv_value+1` for layer
+  0's conv, `conv_l1_value` for layer 1's, `k_conv_value` for layer 0's key conv;
+  `conv_column` names them).
 One row per checkpoint: step, accuracy on the evaluation documents, the read-outs and the
 mechanism label. A damaged checkpoint is left out with a warning naming it. A run already
 evaluated with the same settings and checkpoints is skipped.
@@ -40,9 +41,11 @@ from mecheval.run_folder.files import CHECKPOINTS, OVER_TRAINING, OVER_TRAINING_
 from mecheval.run_folder.weights import load_trained_model
 
 CONV_POSITIONS = ("value", "value+1", "value+2")
+# The zoo's short convs' outputs, by name: what evaluations that recorded no `conv_sites`
+# (before mixers declared them) read out.
 CONV_SITES = ("conv_output", "q_conv_output", "k_conv_output", "v_conv_output")
 READOUT_CELLS_VERSION = 3  # 3: every short conv of every layer (1: layer 0's conv only)
-_CONV_COLUMN = re.compile(r"^((?:[qkv]_)?conv)_(?:l(\d+)_)?(value(?:\+\d+)?)$")
+_CONV_COLUMN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*?)_(?:l(\d+)_)?(value(?:\+[12])?)$")
 
 
 def conv_column(layer: int, position: str, site: str = "conv_output") -> str:
@@ -60,6 +63,11 @@ def parse_conv_column(name: str) -> tuple[str, int, str] | None:
     return f"{match[1]}_output", int(match[2] or 0), match[3]
 
 
+def conv_sites(model) -> dict[int, list[str]]:
+    """Each layer's short convs' outputs, as its mixer declares them (`Mixer.conv_sites`)."""
+    return {i: list(block.mixer.conv_sites) for i, block in enumerate(model.layers)}
+
+
 def readout_grids(
     model, batch, corrupted, memory_budget: int = DEFAULTS.memory_budget
 ) -> pd.DataFrame:
@@ -70,10 +78,9 @@ def readout_grids(
     layers = sorted({layer for layer, _, _ in cells.values()})
     sites = sorted({site for _, site, _ in cells.values()})
     positions = [p for p in dict.fromkeys(p for _, _, p in cells.values()) if p in batch.roles]
-    grids = (
-        []
-        if not positions
-        else [
+    grids = []
+    if positions:
+        grids.append(
             interchange_grid(
                 model,
                 batch,
@@ -83,11 +90,10 @@ def readout_grids(
                 positions=positions,
                 memory_budget=memory_budget,
             )
-        ]
-    )
-    names = set(model.site_names()) if "value" in batch.roles else set()
-    for site in CONV_SITES:
-        conv_layers = [layer for layer in range(depth) if f"layers.{layer}.{site}" in names]
+        )
+    declared = conv_sites(model) if "value" in batch.roles else {}
+    for site in dict.fromkeys(site for sites in declared.values() for site in sites):
+        conv_layers = [layer for layer, sites in declared.items() if site in sites]
         if conv_layers:
             grids.append(
                 interchange_grid(
@@ -103,9 +109,21 @@ def readout_grids(
     return pd.concat(grids, ignore_index=True)
 
 
-def _conv_readouts(grid: pd.DataFrame) -> dict[str, float]:
-    """Attrib (point estimate) of each short conv's output at the conv positions."""
-    cells = grid[grid["site"].isin(CONV_SITES)]
+def is_conv_cell(grid: pd.DataFrame, declared: dict[int, list[str]] | None) -> pd.Series:
+    """Which rows of `grid` patch a short conv's output: a site its layer's mixer declares
+    (`declared`, as `conv_sites` gives it), or, where that was not recorded (None), one of
+    the zoo's CONV_SITES."""
+    if declared is None:
+        return grid["site"].isin(CONV_SITES)
+    pairs = {(int(layer), site) for layer, sites in declared.items() for site in sites}
+    keys = zip(grid["layer"].astype(int), grid["site"], strict=True)
+    return pd.Series([key in pairs for key in keys], index=grid.index, dtype=bool)
+
+
+def _conv_readouts(grid: pd.DataFrame, declared: dict | None = None) -> dict[str, float]:
+    """Attrib (point estimate) of each short conv's output (`declared` as `is_conv_cell`
+    takes it) at the conv positions."""
+    cells = grid[is_conv_cell(grid, declared)]
     keys = ["site", "layer", "position"]
     means = cells.groupby(keys)[["p_original", "p_corrupted", "p_restored"]].mean()
     out = {}
@@ -150,6 +168,7 @@ def evaluate_over_training(
         "cells": READOUT_CELLS_VERSION,
     }
     stored = files.read_stamp(run_dir, OVER_TRAINING_STAMP)
+    stored = stored.get("settings", {k: v for k, v in stored.items() if k != "files"})
     if (run_dir / OVER_TRAINING).exists() and not force and stored == settings:
         try:
             return files.read_table(run_dir, OVER_TRAINING)
@@ -163,14 +182,14 @@ def evaluate_over_training(
         batch = task.dataset(split, size=config.task.eval_size).to(device)
         corrupted = task.corrupt(batch, "key", seed=seed)
         grid = readout_grids(model, batch, corrupted, memory_budget=memory_budget)
-        main = grid[~grid["site"].isin(CONV_SITES)]
-        scores = readout(main).iloc[0].to_dict()
+        convs = is_conv_cell(grid, conv_sites(model))  # a mixer's site is never a block's
+        scores = readout(grid[~convs]).iloc[0].to_dict()
         row = {"step": step, "accuracy": float(document_records(model, batch)["correct"].mean())}
         row.update(scores)
-        row.update(_conv_readouts(grid))
+        row.update(_conv_readouts(grid, conv_sites(model)))
         rows.append(row)
     table = pd.DataFrame(rows)
     table.insert(0, "run", run_dir.name)
-    files.write_table(run_dir, OVER_TRAINING, table)
-    files.write_stamp(run_dir, OVER_TRAINING_STAMP, settings)
+    record = {"settings": settings}
+    files.write_stamped(run_dir, OVER_TRAINING_STAMP, {OVER_TRAINING: table}, record)
     return table

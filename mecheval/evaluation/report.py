@@ -56,6 +56,7 @@ from mecheval.evaluation.study_numbers import at_study_scale, study_accuracy
 from mecheval.interventions import MECHANISM_THRESHOLD, attrib
 from mecheval.io import atomic_write_parquet
 from mecheval.run_folder.files import INTERVENTIONS, read_result, read_table
+from mecheval.run_folder.provenance import check_code, evaluated_with
 from mecheval.run_folder.status import FINISHED, status_counts, status_table
 from mecheval.tasks import make_task
 
@@ -257,6 +258,7 @@ class _Tables:
     distance: pd.DataFrame
     iia: pd.DataFrame  # DAS: IIA against k
     k_star: pd.DataFrame  # DAS: the smallest sufficient k
+    das_notes: list[str]  # DAS: what the section leaves out, named
 
     def stored(self) -> dict[str, pd.DataFrame]:
         """The tables the report folder keeps as Parquet, by name."""
@@ -271,19 +273,22 @@ class _Tables:
         }
 
 
-def _tables(path: Path) -> _Tables:
+def _tables(path: Path, allow_code_change: bool = False) -> _Tables:
     folders = status_table(path)
     results = collect_results(folders)
     if results.empty:
         found = f" ({len(folders)} run folders: {status_counts(folders)})" if len(folders) else ""
         raise FileNotFoundError(f"no finished run under {path}{found}")
+    # Each run's code against today's: a changed one is refused, or marked where allowed.
+    statuses = check_code(list(results["path"]), allow_code_change, need_code=False)
+    results["code"] = [evaluated_with(p) or statuses[Path(p)] for p in results["path"]]
     best = best_runs(results)
     # One pass over the selected runs and every evaluated seed of their configurations.
     seeds = seed_runs(best, results)
     table = evidence_table(pd.concat([best, seeds]).drop_duplicates(subset="run"), results)
     evidence = table[table["run"].isin(best["run"])].reset_index(drop=True)
     over = over_training_table(best)
-    das = das_results(results)
+    das, das_notes = das_results(results, best)
     return _Tables(
         folders=folders,
         results=results,
@@ -297,6 +302,7 @@ def _tables(path: Path) -> _Tables:
         distance=distance_table(best),
         iia=iia_table(das) if len(das) else pd.DataFrame(),
         k_star=k_star_table(das) if len(das) else pd.DataFrame(),
+        das_notes=das_notes,
     )
 
 
@@ -347,8 +353,11 @@ def _sections(t: _Tables) -> list[tuple[str, str, pd.DataFrame]]:
         "interchange intervention accuracy (IIA, held-out documents) over no swap (the base "
         f"documents unpatched); no k* where the full swap gains less than {MIN_GAIN}: the site "
         "carries too little of the answer there. Intervals: 95% bootstrap over documents (and "
-        "seeds), k* recomputed in each draw. IIA against k: das_iia.png and das_iia.parquet."
+        "seeds), k* recomputed in each draw. Runs are pooled only within a model's selected "
+        "learning rate and DAS settings (`das_settings`); `k_left_out`: sizes some pooled "
+        "documents lack. IIA against k: das_iia.png and das_iia.parquet."
     )
+    k_star_note = " ".join([k_star_note, *t.das_notes])
     return [
         ("Findings", _findings_note(t), t.findings),
         ("Accuracy (best learning rate per architecture and width)", accuracy_note, accuracy),
@@ -359,10 +368,11 @@ def _sections(t: _Tables) -> list[tuple[str, str, pd.DataFrame]]:
         ),
         (
             "Inside the short convs (Attrib of their output, key corrupted)",
-            "One row per run and short conv (conv: Mamba's, Based's and Mamba-2's one conv; "
-            "q_conv, k_conv, v_conv: DeltaNet's three), Attrib at the value and the two "
-            "positions after it. The study finds Mamba's association in its layer-0 short conv "
-            "after the value.",
+            "One row per run and short conv, each site its layer's mixer declares in "
+            "`conv_sites` (conv: Mamba's, Based's and Mamba-2's one conv; q_conv, k_conv, "
+            "v_conv: DeltaNet's three; a mixer of one's own, its own), Attrib at the value and "
+            "the two positions after it. The study finds Mamba's association in its layer-0 "
+            "short conv after the value.",
             conv_display(t.evidence),
         ),
         (
@@ -409,11 +419,16 @@ def _write_html(out: Path, found: str, sections, figures: list[str]) -> None:
     (out / "report.html").write_text("\n".join(page) + "\n")
 
 
-def build_report(path: str | Path, out: str | Path | None = None) -> Path:
-    """Write report.md, report.html, the PNG plots and the tables; returns the report folder."""
+def build_report(
+    path: str | Path, out: str | Path | None = None, allow_code_change: bool = False
+) -> Path:
+    """Write report.md, report.html, the PNG plots and the tables; returns the report folder.
+    A run whose architecture's code changed since training is refused (CodeChangedError),
+    or, with `allow_code_change`, shown and marked (`code`: changed)."""
     path = Path(path)
     out = Path(out) if out else path / "report"
-    tables = _tables(path)  # before any folder is made: a mistyped path leaves no trace
+    tables = _tables(path, allow_code_change)  # before any folder is made: a mistyped path
+    # leaves no trace
     out.mkdir(parents=True, exist_ok=True)
     for name, table in tables.stored().items():
         atomic_write_parquet(out / f"{name}.parquet", table)
@@ -426,6 +441,8 @@ def build_report(path: str | Path, out: str | Path | None = None) -> Path:
         )
         if name is not None
     ] + _heatmaps(tables.best, out)
+    if "das_iia.png" not in figures:  # a plot of DAS tables no longer there
+        (out / "das_iia.png").unlink(missing_ok=True)
     sections = _sections(tables)
     count = f"{len(tables.folders)} ({status_counts(tables.folders)})"
     _write_markdown(out, f"Run folders under `{path}`: {count}.", sections, figures)

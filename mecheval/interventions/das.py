@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -92,15 +93,36 @@ class DasSettings:
             raise ValueError(f"DAS holdout must be in (0, 1), got {self.holdout!r}")
 
 
+class DasResult(NamedTuple):
+    """What `das` returns: the table, and the learned bases.
+
+    Attributes:
+        table: a row per (held-out document, layer, site, position, k): columns `COLUMNS`.
+        bases: one orthonormal basis R per learned combination, (width, k) float32 on the CPU,
+            keyed `basis_key(site, position, k)` ("layers.1.block_input/value/4"); the full
+            swap (k = width) and no swap (k = 0) learn none. The swap it learned:
+            base + (source - base) @ R @ R.T, on the activation flattened to width numbers.
+    """
+
+    table: pd.DataFrame
+    bases: dict[str, torch.Tensor]
+
+
+def basis_key(site: str, position: str, k: int) -> str:
+    """The key of a combination's basis in `DasResult.bases`: "{site}/{position}/{k}", the
+    site by its full name ("layers.1.block_input")."""
+    return f"{site}/{position}/{k}"
+
+
 class Bases(nn.Module):
     """The orthonormal (width, k) bases of several combinations of one site and one k: R is the
     Q factor of a free (width, k) matrix (its reduced QR), all n as one (n, width, k) parameter,
     each initialised orthonormal from its combination's seed.
 
     pyvene parametrises R by Householder reflections (torch's `orthogonal`); both reach every
-    orthonormal R, and the swap depends on R R^T alone, but QR and its gradient cost about a
-    tenth as much at the residual stream's width and a thousandth at a 2048-float recurrent
-    state (docs/das.md), so the trajectories differ from pyvene's, not what they can find."""
+    orthonormal R, and the swap depends on R R^T alone, but a step of QR costs 4x to 160x less
+    (docs/das.md, measured by benchmarks/das_rotation_cost.py), so the trajectories differ from
+    pyvene's, not what they can find."""
 
     def __init__(self, width: int, k: int, seeds: Sequence[int]) -> None:
         super().__init__()
@@ -131,7 +153,7 @@ def das(
     layers=None,
     settings: DasSettings | None = None,
     progress: bool = False,
-) -> pd.DataFrame:
+) -> DasResult:
     """Train and evaluate DAS for every (site, position, k) combination at once.
 
     Args:
@@ -147,9 +169,9 @@ def das(
         progress: a progress bar over steps.
 
     Returns:
-        a row per (held-out document, layer, site, position, k): columns `COLUMNS`, `correct`
-        whether the patched model's top answer is the source's answer, `p_target` its
-        probability.
+        `DasResult`: the table, a row per (held-out document, layer, site, position, k),
+        columns `COLUMNS` (`correct`: whether the patched model's top answer is the source's
+        answer, `p_target` its probability); and the learned bases R by `basis_key`.
     """
     check_batch(batch)
     settings = settings or DasSettings()
@@ -164,7 +186,8 @@ def das(
         with torch.no_grad():
             parts = [group.evaluate(model, held, query, target) for group in groups]
     parts.append(unswapped(model, data, held, target))
-    return pd.concat(parts, ignore_index=True)[list(COLUMNS)]
+    bases = {key: R for group in groups for key, R in group.learned().items()}
+    return DasResult(pd.concat(parts, ignore_index=True)[list(COLUMNS)], bases)
 
 
 def _train(model, groups, train, query, target, settings: DasSettings, progress: bool) -> None:
@@ -253,6 +276,15 @@ class _SiteGroup(nn.Module):
                 if k < data.width
             }
         )
+
+    def learned(self) -> dict[str, torch.Tensor]:
+        """Each learned combination's basis R (width, k), by `basis_key`."""
+        bases = {}
+        for k, module in self.bases.items():
+            mine = [c for c in self.combos if c.k == int(k)]
+            for combo, R in zip(mine, module.weight.detach().float().cpu(), strict=True):
+                bases[basis_key(combo.site.name, combo.label, combo.k)] = R.contiguous()
+        return bases
 
     def _patched(self, model, docs, query, learning: bool = False):
         """(the head input at the query of every (combination, document) row, k-group by

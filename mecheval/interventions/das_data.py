@@ -85,11 +85,7 @@ def prepare(model, batch, corrupted, sites, positions, dims, layers, holdout: fl
             f"got {tuple(base_tokens.shape)}"
         )
     n, length = batch.tokens.shape
-    held_n = int(round(holdout * n))
-    if held_n < 1 or n - held_n < 1:
-        raise ValueError(
-            f"DAS needs documents to train on and to hold out: {n} with holdout {holdout}"
-        )
+    held_n = check_holdout(holdout, n)
     dims = sorted({int(k) for k in dims})
     if not dims or dims[0] < 1:
         raise ValueError(f"dims must be subspace sizes >= 1, got {dims}")
@@ -99,6 +95,7 @@ def prepare(model, batch, corrupted, sites, positions, dims, layers, holdout: fl
     needed = int(query.max()) + 1
     refs = select_sites(model, layers, sites)
     data = _read(model, refs, where, batch.tokens, base_tokens, needed)
+    left_out(dims, {name: site.width for name, site in data.items()})
     _add_resume_points(model, data, where, base_tokens, query, needed)
     _mark_live(model, data, query)
     combos = {
@@ -111,6 +108,38 @@ def prepare(model, batch, corrupted, sites, positions, dims, layers, holdout: fl
     }
     order = torch.arange(n, device=device)
     return data, combos, batch.answers, query, order[: n - held_n], order[n - held_n :]
+
+
+def check_holdout(holdout: float, n: int) -> int:
+    """The number of the `n` documents that `holdout` holds out for IIA; ValueError when it
+    leaves none to hold out or none to train on."""
+    held = int(round(holdout * n))
+    if held < 1:
+        raise ValueError(f"holdout {holdout} of {n} documents holds none out: raise it")
+    if n - held < 1:
+        raise ValueError(f"holdout {holdout} of {n} documents leaves none to train on: lower it")
+    return held
+
+
+def left_out(dims, widths: dict[str, int]) -> dict[str, list[int]]:
+    """Per site, the sizes of `dims` above its width (left out there: its full swap is its
+    width); ValueError naming the sizes above every site's width (nothing to search at
+    them)."""
+    nowhere = [k for k in dims if all(k > width for width in widths.values())]
+    if nowhere:
+        shown = ", ".join(f"{name} {width}" for name, width in widths.items())
+        raise ValueError(f"dims {nowhere}: larger than every site's width ({shown})")
+    dropped = {name: [k for k in dims if k > width] for name, width in widths.items()}
+    return {name: ks for name, ks in dropped.items() if ks}
+
+
+def site_widths(model, refs, tokens: torch.Tensor) -> dict[str, int]:
+    """Each site's width (a state's flattened size), from one forward of one document."""
+    at = torch.zeros(1, 1, dtype=torch.long, device=tokens.device)
+    reads = {r.name: (at if r.short == "state" else None) for r in refs}
+    with torch.no_grad(), model.intervene(reads=reads) as record:
+        model.forward_from(0, model.embed(tokens[:1]), head=False)
+    return {r.name: int(np.prod(record[r.name].shape[2:])) for r in refs}
 
 
 def _read(model, refs, where, tokens, base_tokens, needed) -> dict[str, SiteData]:

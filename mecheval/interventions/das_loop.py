@@ -11,7 +11,15 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from mecheval.interventions.das import COLUMNS, Bases, DasSettings, _frozen, _minibatches
+from mecheval.interventions.das import (
+    COLUMNS,
+    Bases,
+    DasResult,
+    DasSettings,
+    _frozen,
+    _minibatches,
+    basis_key,
+)
 from mecheval.interventions.das_data import DEFAULT_DIMS, prepare, unswapped
 from mecheval.tasks import Batch
 
@@ -25,14 +33,14 @@ def das_loop(
     dims=DEFAULT_DIMS,
     layers=None,
     settings: DasSettings | None = None,
-) -> pd.DataFrame:
+) -> DasResult:
     """Same arguments and result as `das`, each combination trained alone."""
     settings = settings or DasSettings()
     data, combos, target, query, train, held = prepare(
         model, batch, corrupted, sites, positions, dims, layers, settings.holdout
     )
     base_tokens = torch.as_tensor(corrupted, device=query.device)
-    parts = []
+    parts, learned = [], {}
     with _frozen(model):
         for name, mine in combos.items():
             site = data[name]
@@ -42,11 +50,13 @@ def das_loop(
                 run = _Run(model, site, combo.label, bases, base_tokens, query)
                 if not full:
                     _train(run, bases, train, target, settings)
+                    R = bases.weight.detach()[0].float().cpu().contiguous()
+                    learned[basis_key(combo.site.name, combo.label, combo.k)] = R
                 with torch.no_grad():
                     logits = run(held)
                 parts.append(_rows(site, combo, held, logits, target))
     parts.append(unswapped(model, data, held, target))
-    return pd.concat(parts, ignore_index=True)[list(COLUMNS)]
+    return DasResult(pd.concat(parts, ignore_index=True)[list(COLUMNS)], learned)
 
 
 def _train(run, bases, train, target, settings: DasSettings) -> None:

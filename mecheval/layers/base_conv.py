@@ -57,6 +57,11 @@ class BaseConv(Mixer):
         return self._site_names[:1]
 
     @property
+    def conv_sites(self) -> tuple[str, ...]:
+        """See mecheval.layers.mixer: the short conv's output (the long conv is none)."""
+        return () if self.is_long else self._site_names[1:]
+
+    @property
     def reach_site(self) -> str:
         """See mecheval.layers.mixer: only the conv reads other positions."""
         return self._site_names[0]

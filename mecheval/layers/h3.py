@@ -85,6 +85,7 @@ class H3(Mixer):
     resumable = True
     reads_out_at = True
     local_sites = ("conv_input",)  # k_proj of one position
+    conv_sites = ("conv_output",)  # the shift SSM: a short conv of k
     readout_sites = MappingProxyType({"long_conv_output": 1})  # read out by q at its position
     context_sites = ("conv_input", "long_conv_input")
 

@@ -62,6 +62,7 @@ class Hyena(Mixer):
     resumable = True
     reads_out_at = True
     local_sites = ("conv_input",)  # in_proj of one position
+    conv_sites = ("conv_output",)  # the short filter's
     reach_site = "conv_input"  # the mixer's input is read by in_proj alone
     readout_sites = MappingProxyType({"long_conv_output": 1})  # gated by x2 at its position
     context_sites = ("conv_input", "long_conv_input")

@@ -43,6 +43,9 @@ Declarations:
                     leaves); values of a "state" site are the states after the positions just
                     before the resume points, `index` the point's place among them. The grid
                     then takes its contexts from one base run instead of a run in segments.
+    conv_sites      sites holding a short convolution's output ((B, L, C)): the evaluation
+                    reads the association out of them at the value and the two positions
+                    after it (the report's "Inside the short convs"); the grid uses nothing.
     state_size(L)   floats carried between tokens when generating, after L tokens; None (the
                     default) lets the model count the context the mixer leaves instead.
 """
@@ -68,6 +71,7 @@ DECLARATIONS = (
     "readout_sites",
     "context_sites",
     "context_from",
+    "conv_sites",
     "state_size",
 )
 EMPTY: Mapping[str, int] = MappingProxyType({})
@@ -100,6 +104,7 @@ class Mixer(nn.Module, metaclass=_CheckedAfterInit):
     reach_site: str | None = None
     readout_sites: Mapping[str, int] = EMPTY
     context_sites: tuple[str, ...] | None = None
+    conv_sites: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -157,6 +162,7 @@ class Mixer(nn.Module, metaclass=_CheckedAfterInit):
             if not isinstance(getattr(self, flag), bool):
                 raise MixerError(f"{name}.{flag} must be True or False")
         known("local_sites", _names(name, "local_sites", self.local_sites), plain)
+        known("conv_sites", _names(name, "conv_sites", self.conv_sites), plain)
         for declaration in ("window_sites", "readout_sites"):
             widths = getattr(self, declaration)
             if not isinstance(widths, Mapping):

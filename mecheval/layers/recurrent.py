@@ -72,6 +72,11 @@ class RecurrentMixer(Mixer):
         return tuple(f"{prefix}_input" for prefix in self.convs)
 
     @property
+    def conv_sites(self) -> tuple[str, ...]:
+        """The convolutions' outputs."""
+        return tuple(f"{prefix}_output" for prefix in self.convs)
+
+    @property
     def window_sites(self) -> Mapping[str, int]:
         """Each convolution's output reads its width of inputs."""
         return {f"{prefix}_output": self.conv_width(prefix) for prefix in self.convs}

@@ -19,7 +19,7 @@ from dataclasses import KW_ONLY, dataclass, field
 import torch
 
 from mecheval.models import zoo  # noqa: F401  (registers the zoo's architectures)
-from mecheval.models.registry import Architecture, architecture, registered
+from mecheval.models.registry import Architecture, UserCodeError, architecture, registered
 
 # The zoo's architectures, in registration order (the study's and those beyond it).
 ARCHITECTURES: tuple[str, ...] = registered()
@@ -38,7 +38,7 @@ class ModelConfig:
     Attributes:
         arch: a registered name (ARCHITECTURES and any `register_mixer` added), an import path
             `package.module:Name`, or parts joined by "+" (a hybrid: the parts by layer,
-            repeating, e.g. "mamba+attention").
+            repeating, e.g. "mamba+attention"; the parts must divide n_layers).
         vocab_size: tokens; the embedding is tied to the output head.
         d_model: width of the residual stream.
         n_layers: blocks.
@@ -58,7 +58,8 @@ class ModelConfig:
             1,500 steps, where the study's init is still at chance after 4,000), which is what
             short CPU runs need.
         options: the mixers' options, e.g. {"d_conv": 2} (the zoo's: d_state, d_conv, expand,
-            num_heads, head_dim, feature_dim, filter_order; mecheval.models.zoo).
+            num_heads, head_dim, feature_dim, filter_order; mecheval.models.zoo); in a hybrid,
+            a part's own under its name ({"mamba": {"d_conv": 2}}).
     """
 
     arch: str
@@ -84,6 +85,7 @@ class ModelConfig:
         if not isinstance(self.options, Mapping):
             raise ValueError(f"options must be a mapping, got {self.options!r}")
         object.__setattr__(self, "options", dict(self.options))
+        self.architecture.check_layers(self.n_layers)
         self.architecture.check_options(self.options)
         for i in range(self.n_layers):  # every layer's mixer: its options and declarations
             _check_buildable(self, i)
@@ -108,7 +110,7 @@ class ModelConfig:
     def uses_position_embeddings(self) -> bool:
         if self.position_embeddings is not None:
             return self.position_embeddings
-        return self.architecture.position_embeddings
+        return self.architecture.position_embeddings(self.n_layers)
 
     def resolved(self) -> dict[str, object]:
         """Every option that applies to the architecture, defaults filled in, and whether it
@@ -128,6 +130,8 @@ def _check_buildable(config: ModelConfig, layer_idx: int) -> None:
         with torch.device("meta"):
             config.mixer(layer_idx)
         return
+    except UserCodeError:
+        pass  # perhaps the meta device alone: the CPU says
     except (ValueError, TypeError):
         raise
     except Exception:  # noqa: BLE001  (an operation the meta device does not have)

@@ -3,7 +3,7 @@
     register_mixer("retnet", RetNet)                  a mixer of your own, by name
     architecture("retnet")                            -> Architecture
     architecture("mypackage.mixers:RetNet")           a mixer named by import path
-    architecture("mamba+attention")                   a hybrid: the parts by layer, cycling
+    architecture("mamba+attention")                   a hybrid: the parts by layer, repeating
 
 A factory (a `Mixer` subclass or a function returning a `Mixer`) is called as
 `factory(d_model, **options)`, plus, when it takes them by name, `layer_idx` (the layer's index
@@ -27,17 +27,48 @@ import importlib
 import inspect
 import re
 import sys
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
+import torch
+
+import mecheval
+from mecheval.config import ConfigError
 from mecheval.layers import Mixer
 
 BLOCKS = ("transformer", "mamba")
 # Arguments a factory may take besides its options, filled in by the model.
 CONTEXT = ("layer_idx", "n_layers", "l_max")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+
+
+class ArchitectureError(ConfigError):
+    """An architecture that cannot be had in this process: a registered name unknown here, or
+    the user's code behind it failing (UserCodeError); the message says what to do."""
+
+
+class UserCodeError(ArchitectureError):
+    """The user's code behind an architecture (an import path's module, a factory) raised: the
+    message names their file and line, and the error."""
+
+
+def _user_code_error(arch: str, what: str, error: BaseException) -> UserCodeError:
+    """`error`, raised by `what` of arch `arch`, as the user's: at the innermost place of its
+    traceback outside torch and mecheval (a SyntaxError: where the syntax is wrong)."""
+    if isinstance(error, SyntaxError):
+        place = f"{error.filename}, line {error.lineno}"
+        reason = f"SyntaxError: {error.msg}"
+    else:
+        frames = traceback.extract_tb(error.__traceback__)
+        ours = (Path(mecheval.__file__).parent, Path(torch.__file__).parent)
+        theirs = [f for f in frames if not any(Path(f.filename).is_relative_to(d) for d in ours)]
+        frame = (theirs or frames)[-1]
+        place = f"{frame.filename}, line {frame.lineno}"
+        reason = f"{type(error).__name__}: {error}"
+    return UserCodeError(f"arch {arch!r}: {what} failed at {place}: {reason}")
 
 
 @dataclass(frozen=True)
@@ -66,7 +97,12 @@ class MixerEntry:
         """The mixer of layer `layer_idx`, with `options` (those it takes)."""
         context = {"layer_idx": layer_idx, "n_layers": n_layers, "l_max": l_max}
         kwargs = {k: v for k, v in context.items() if k in self.context}
-        mixer = self.factory(d_model, **kwargs, **options)
+        try:
+            mixer = self.factory(d_model, **kwargs, **options)
+        except (ValueError, TypeError):  # a factory's refusal of its options: a config error
+            raise
+        except Exception as error:  # noqa: BLE001  (whatever the user's code raises)
+            raise _user_code_error(self.name, "its factory", error) from error
         if not isinstance(mixer, Mixer):
             raise TypeError(
                 f"architecture {self.name!r}: its factory returned a {type(mixer).__name__}, "
@@ -163,9 +199,12 @@ def mixer_entry(name: str) -> MixerEntry:
     if ":" in name:
         return _imported(name)
     if name not in _REGISTRY:
-        raise ValueError(
-            f"unknown arch {name!r}: registered are {', '.join(_REGISTRY)}; register yours with "
-            "mecheval.models.register_mixer, or name it by import path (package.module:Name)"
+        raise ArchitectureError(
+            f"unknown arch {name!r}: not registered in this process (registered: "
+            f"{', '.join(_REGISTRY)}). A name given to mecheval.models.register_mixer is known "
+            "only to the process that registers it: name the mixer by import path instead "
+            "(arch=package.module:Name, which any process imports, the current directory "
+            "included), or call mecheval from Python after importing the module that registers it"
         )
     return _REGISTRY[name]
 
@@ -175,7 +214,16 @@ def _imported(path: str) -> MixerEntry:
     try:
         module = _import(module_name)
     except ImportError as error:
-        raise ValueError(f"arch {path!r}: cannot import {module_name!r} ({error})") from None
+        if not isinstance(error, ModuleNotFoundError) or not module_name.startswith(
+            error.name or "\0"
+        ):  # the module exists, and its own code failed to import something
+            raise _user_code_error(path, f"importing {module_name!r}", error) from error
+        raise ArchitectureError(
+            f"arch {path!r}: cannot import {module_name!r} ({error}): run from the folder that "
+            "holds it, or put that folder on PYTHONPATH"
+        ) from None
+    except Exception as error:  # noqa: BLE001  (the module's own code: SyntaxError, ...)
+        raise _user_code_error(path, f"importing {module_name!r}", error) from error
     target = getattr(module, attribute, None)
     if target is None:
         raise ValueError(f"arch {path!r}: module {module_name!r} has no {attribute!r}")
@@ -197,7 +245,13 @@ def _import(module_name: str):
 
 @dataclass(frozen=True)
 class Architecture:
-    """An architecture: its mixers by layer (a hybrid's parts repeat over the layers)."""
+    """An architecture: its mixers by layer. A hybrid's parts repeat over the layers, whose
+    number they must divide (one part per layer is the explicit per-layer list).
+
+    Options (`check_options`, `options_of`): a key naming an option goes to every part that
+    takes it; a key naming one of the parts holds a mapping of that part's own options
+    (`{"mamba": {"d_conv": 2}, "attention": {"num_heads": 2}}`), which win over shared ones.
+    """
 
     name: str
     parts: tuple[MixerEntry, ...]
@@ -205,9 +259,18 @@ class Architecture:
     def part(self, layer_idx: int) -> MixerEntry:
         return self.parts[layer_idx % len(self.parts)]
 
-    @property
-    def position_embeddings(self) -> bool:
-        return any(p.position_embeddings for p in self.parts)
+    def check_layers(self, n_layers: int) -> None:
+        """ValueError naming both counts when the parts do not divide the layers."""
+        if n_layers % len(self.parts):
+            raise ValueError(
+                f"arch {self.name!r} has {len(self.parts)} parts, which do not divide its "
+                f"{n_layers} layer(s): give n_layers a multiple of {len(self.parts)}, or one "
+                "part per layer"
+            )
+
+    def position_embeddings(self, n_layers: int) -> bool:
+        """Whether a part of some layer gives its models position embeddings by default."""
+        return any(self.part(i).position_embeddings for i in range(n_layers))
 
     def option_defaults(self) -> dict[str, object]:
         """Every option some part takes, with the first such part's default."""
@@ -217,24 +280,46 @@ class Architecture:
                 defaults.setdefault(option, default)
         return defaults
 
+    @property
+    def part_names(self) -> tuple[str, ...]:
+        """The parts as `name` writes them (a registered name or an import path each)."""
+        return tuple(self.name.split("+"))
+
+    def _own(self, options: Mapping[str, object]) -> dict[str, Mapping]:
+        """The per-part entries of `options`: part name -> that part's options."""
+        names = set(self.part_names)
+        return {k: v for k, v in options.items() if k in names and isinstance(v, Mapping)}
+
     def check_options(self, options: Mapping[str, object]) -> None:
-        unknown = [o for o in options if not any(p.takes(o) for p in self.parts)]
+        own = self._own(options)
+        shared = [o for o in options if o not in own]
+        unknown = [o for o in shared if not any(p.takes(o) for p in self.parts)]
         if unknown:
             known = ", ".join(self.option_defaults()) or "none"
             raise ValueError(
                 f"option(s) {', '.join(unknown)} do not apply to arch {self.name!r} "
-                f"(its options: {known})"
+                f"(its options: {known}; a part's own options go under its name)"
             )
+        for name, mapping in own.items():
+            part = self.parts[self.part_names.index(name)]
+            wrong = [o for o in mapping if not part.takes(o)]
+            if wrong:
+                raise ValueError(
+                    f"option(s) {', '.join(map(str, wrong))} do not apply to part {name!r} of "
+                    f"arch {self.name!r} (its options: {', '.join(part.options) or 'none'})"
+                )
 
     def options_of(self, layer_idx: int, options: Mapping[str, object]) -> dict[str, object]:
-        """The options that the mixer of layer `layer_idx` takes."""
-        part = self.part(layer_idx)
-        return {k: v for k, v in options.items() if part.takes(k)}
+        """The options that the mixer of layer `layer_idx` takes: the shared ones it takes,
+        then its part's own."""
+        part, own = self.part(layer_idx), self._own(options)
+        shared = {k: v for k, v in options.items() if k not in own and part.takes(k)}
+        return {**shared, **own.get(self.part_names[layer_idx % len(self.parts)], {})}
 
 
 def architecture(name: str) -> Architecture:
     """The architecture `name` names: a registered name, an import path, or parts joined by
-    "+" (a hybrid, cycling over the layers)."""
+    "+" (a hybrid, repeating over the layers)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"arch must be a non-empty string, got {name!r}")
     return Architecture(name, tuple(mixer_entry(part) for part in name.split("+")))

@@ -10,12 +10,14 @@ names and formats of its files; training, sweeps, evaluation and the report ask 
     error.json                       why the run failed (written by a sweep)
     interventions.parquet            the interchange grids of its evaluation
     examples.parquet                 per evaluation document: positions, distance, correct
-    interventions.json               what the evaluation was computed with
+    interventions.json               what the evaluation was computed with, and its files' sha256
     readouts_over_training.parquet   the read-outs of every kept checkpoint (and its .json)
+    das.parquet, das_bases.safetensors, das.json   `mecheval das`: IIA, the bases, the stamp
 
 Modules: `files` (every file's name, reader and writer), `checkpoints` (the checkpoint folders),
 `weights` (which checkpoint evaluation loads, and the model with its weights), `status` (what
-became of each run folder under a path).
+became of each run folder under a path), `provenance` (whether a run's architecture still has
+the code it was trained with).
 """
 
 # The step that asks for the newest intact checkpoint (mecheval.run_folder.weights, and the

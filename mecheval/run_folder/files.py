@@ -9,6 +9,7 @@ of a reader names the file.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import warnings
 from collections.abc import Iterator
@@ -17,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import safetensors.torch
+import torch
 import yaml
 
 from mecheval.config import ConfigError, flatten, from_dict, to_dict
 from mecheval.io import (
     DamagedFileError,
+    atomic_write,
     atomic_write_json,
     atomic_write_parquet,
     atomic_write_text,
@@ -45,6 +49,7 @@ INTERVENTIONS_STAMP = "interventions.json"  # the evaluation's settings, documen
 OVER_TRAINING = "readouts_over_training.parquet"  # the read-outs of every kept checkpoint
 OVER_TRAINING_STAMP = "readouts_over_training.json"
 DAS = "das.parquet"  # distributed alignment search: IIA per document, site, position and k
+DAS_BASES = "das_bases.safetensors"  # DAS's learned bases R, one tensor per combination
 DAS_STAMP = "das.json"  # its settings
 RESULT_KEYS = (
     "config",
@@ -245,22 +250,88 @@ def write_metrics_table(folder: Path, records: list[dict]) -> None:
     atomic_write_parquet(folder / METRICS_TABLE, pd.DataFrame(records))
 
 
+# Which stamp says what each evaluation file was computed with. A stamp is the manifest of
+# its files: written after them, it names each one's sha256, and a file that does not match it
+# is not read (a kill between a file and its stamp leaves them disagreeing).
+STAMP_OF = {
+    INTERVENTIONS: INTERVENTIONS_STAMP,
+    EXAMPLES: INTERVENTIONS_STAMP,
+    OVER_TRAINING: OVER_TRAINING_STAMP,
+    DAS: DAS_STAMP,
+    DAS_BASES: DAS_STAMP,
+}
+
+
+class StaleFileError(DamagedFileError):
+    """An evaluation file that its stamp does not name (a kill between them): computed anew."""
+
+
+def _fix(folder: Path, name: str) -> str:
+    command = "das" if STAMP_OF.get(name) == DAS_STAMP else "evaluate"
+    return f"evaluate the run again: mecheval {command} {folder} --force"
+
+
+def _checked_bytes(folder: Path, name: str) -> bytes:
+    """The bytes of an evaluation file, checked against the sha256 its stamp names; a stamp
+    from before stamps named their files (no `files`) is taken at its word."""
+    path = folder / name
+    data = path.read_bytes()
+    stamp_name = STAMP_OF[name]
+    stamp = read_stamp(folder, stamp_name)
+    named = stamp.get("files") if stamp else {}
+    if not stamp or (isinstance(named, dict) and name not in named):
+        raise StaleFileError(
+            f"{path}: {stamp_name} beside it does not name it (its evaluation was cut short); "
+            f"{_fix(folder, name)}"
+        )
+    if isinstance(named, dict) and named[name] != hashlib.sha256(data).hexdigest():
+        raise StaleFileError(
+            f"{path}: not the file {stamp_name} names (another sha256: a kill between the "
+            f"two, or a damaged file); {_fix(folder, name)}"
+        )
+    return data
+
+
 def read_table(folder: str | Path, name: str) -> pd.DataFrame:
-    """A table the run's evaluation wrote (INTERVENTIONS, EXAMPLES, OVER_TRAINING, DAS);
+    """A table the run's evaluation wrote (INTERVENTIONS, EXAMPLES, OVER_TRAINING, DAS),
+    checked against its stamp (StaleFileError when the stamp does not name it);
     DamagedFileError names one that cannot be read, and how to write it anew."""
     folder = Path(folder)
-    command = "das" if name == DAS else "evaluate"
-    fix = f"evaluate the run again: mecheval {command} {folder} --force"
-    return read_parquet(folder / name, fix=fix)
+    data = _checked_bytes(folder, name)
+    return read_parquet(folder / name, fix=_fix(folder, name), data=data)
 
 
-def write_table(folder: Path, name: str, table: pd.DataFrame) -> None:
-    atomic_write_parquet(folder / name, table)
+def read_tensors(folder: str | Path, name: str) -> dict[str, torch.Tensor]:
+    """Tensors the run's evaluation wrote as safetensors (DAS_BASES), checked as `read_table`."""
+    folder = Path(folder)
+    data = _checked_bytes(folder, name)
+    try:
+        return safetensors.torch.load(data)
+    except Exception as error:  # noqa: BLE001  (safetensors raises its own, varying errors)
+        raise DamagedFileError(
+            f"{folder / name}: cannot be read as safetensors ({error}); {_fix(folder, name)}"
+        ) from None
+
+
+def write_stamped(folder: Path, stamp: str, written: dict[str, Any], record: dict) -> None:
+    """Write an evaluation's files and then its stamp, `record` plus `files`: each file's
+    sha256. `written`: file name -> a DataFrame (Parquet) or {name: tensor} (safetensors).
+    A kill leaves the old stamp, which names none of the new files: they are not read."""
+    digests = {}
+    for name, content in written.items():
+        if isinstance(content, pd.DataFrame):
+            atomic_write_parquet(folder / name, content)
+        else:
+            tensors = {k: v.detach().cpu().contiguous() for k, v in content.items()}
+            atomic_write(folder / name, lambda p, t=tensors: safetensors.torch.save_file(t, p))
+        digests[name] = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+    atomic_write_json(folder / stamp, {**record, "files": digests})
 
 
 def read_stamp(folder: Path, name: str) -> dict:
     """A stamp of the run's evaluation (INTERVENTIONS_STAMP, OVER_TRAINING_STAMP, DAS_STAMP):
-    what its tables were computed with. {} when missing or unreadable: the run is evaluated anew."""
+    what its files were computed with, and their sha256 (`files`). {} when missing or
+    unreadable: the run is evaluated anew."""
     try:
         record = json.loads((folder / name).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -268,8 +339,13 @@ def read_stamp(folder: Path, name: str) -> dict:
     return record if isinstance(record, dict) else {}
 
 
-def write_stamp(folder: Path, name: str, record: dict[str, Any]) -> None:
-    atomic_write_json(folder / name, record)
+def evaluated_conv_sites(folder: str | Path) -> dict[int, list[str]] | None:
+    """The short convs' outputs per layer that a run's stored evaluation recorded (its
+    mixers' `conv_sites`); None: not recorded (evaluated before mixers declared them)."""
+    sites = read_stamp(Path(folder), INTERVENTIONS_STAMP).get("conv_sites")
+    if not isinstance(sites, dict):
+        return None
+    return {int(layer): list(names) for layer, names in sites.items()}
 
 
 def evaluated_step(folder: str | Path) -> int | None:

@@ -233,7 +233,7 @@ def validate_config(config: TrainConfig):
     task = build_task(config)
     m = config.model
     try:
-        model_config(
+        model = model_config(
             m.arch,
             task.vocab_size,
             m.d_model,
@@ -241,6 +241,27 @@ def validate_config(config: TrainConfig):
             max_len=task.max_document_length,
             **m.options,
         )
+    except ConfigError:  # the architecture's own (unknown here, or its code failing)
+        raise
     except (TypeError, ValueError) as error:
         raise ConfigError(f"model: {error}") from None
+    _refuse_broken_mixers(model)
     return task
+
+
+def _refuse_broken_mixers(model) -> None:
+    """ConfigError for a mixer that check_mixer would fail on structure (its output, a site
+    forward never reaches): it would train, and then no evaluation could patch it."""
+    import torch
+
+    from mecheval.testing import structure_problems
+
+    for layer in range(model.n_layers):
+        with torch.random.fork_rng(devices=[]):
+            mixer = model.mixer(layer)
+        problems = structure_problems(mixer, model.d_model)
+        if problems:
+            raise ConfigError(
+                f"model: layer {layer}'s mixer ({type(mixer).__name__}) breaks the mixer "
+                f"contract: {'; '.join(problems)} (mecheval.testing.check_mixer checks it all)"
+            )

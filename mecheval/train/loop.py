@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 import mecheval_kernels
 from mecheval.config import ConfigError
+from mecheval.models.provenance import architecture_code
 from mecheval.run_folder import files
 from mecheval.run_folder.checkpoints import (
     latest_checkpoint,
@@ -177,6 +178,7 @@ class _Run:
     elapsed: float = 0.0
     nonfinite: list[int] = field(default_factory=list)  # the current run of non-finite losses
     error: TrainingDiverged | None = None
+    code: dict = field(default_factory=dict)  # its architecture's (mecheval.models.provenance)
 
     @property
     def checkpoints(self) -> Path:
@@ -260,6 +262,7 @@ def _run(configs: list[TrainConfig], folders: list[Path], task) -> list[Any]:
     runs, start = _restored_runs(configs, folders, task, device)
     for r in runs:
         r.records = files.keep_metrics(r.folder, start)
+        r.code = architecture_code(r.model.config)  # the code these steps train with
     step = make_step([r.model for r in runs], [r.optimizer for r in runs], configs, device)
     loop = _Loop(runs, step, train_data, device, start)
     loop.run()
@@ -292,6 +295,7 @@ def _write_result(r: _Run, device: torch.device, wall_time: float, extra: dict) 
         device=str(device),
         precision=config.precision,
         environment=environment(device),
+        code=r.code,
         **extra,
     )
 

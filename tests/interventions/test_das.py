@@ -50,9 +50,20 @@ def test_the_batched_run_equals_each_combination_alone(arch, sites):
     model = _model(arch)
     batch, corrupted = _data()
     where = dict(sites=sites, positions=["key", "value"], dims=[1, 3])
-    fast = das(model, batch, corrupted, settings=SETTINGS, **where)
-    slow = das_loop(model, batch, corrupted, settings=SETTINGS, **where)
+    fast, bases = das(model, batch, corrupted, settings=SETTINGS, **where)
+    slow, alone = das_loop(model, batch, corrupted, settings=SETTINGS, **where)
     assert len(fast) == len(slow) > 0
+    # The same bases, learned together and alone: one per (site, position, k < width),
+    # orthonormal, and spanning the same subspace (R R^T equal).
+    learned = fast[(fast["k"] > 0) & (fast["k"] < fast["width"])]
+    combos = learned[["layer", "site", "position", "k", "width"]].drop_duplicates()
+    keys = {f"layers.{c.layer}.{c.site}/{c.position}/{c.k}" for c in combos.itertuples()}
+    assert set(bases) == set(alone) == keys
+    for key, R in bases.items():
+        width, k = R.shape
+        assert k == int(key.split("/")[-1]) and R.dtype == torch.float32
+        torch.testing.assert_close(R.T @ R, torch.eye(k), atol=1e-5, rtol=0)
+        torch.testing.assert_close(R @ R.T, alone[key] @ alone[key].T, atol=1e-4, rtol=1e-3)
     merged = fast.merge(slow, on=KEYS, suffixes=("", "_loop"), validate="one_to_one")
     assert len(merged) == len(fast)
     np.testing.assert_allclose(merged["p_target"], merged["p_target_loop"], atol=1e-4, rtol=1e-3)
@@ -65,7 +76,7 @@ def test_the_full_swap_and_no_swap_are_the_grids_patched_and_corrupted_runs():
     batch, corrupted = _data()
     sites = ["block_input", "state", "mixer_output", "block_output"]
     positions = ["key", "value", "query"]
-    table = das(
+    table, _ = das(
         model, batch, corrupted, sites=sites, positions=positions, dims=[2], settings=SETTINGS
     )
     full = table[table["k"] == table["width"]]
@@ -214,12 +225,16 @@ def test_bad_arguments_are_refused_by_name():
         das(model, batch, corrupted, dims=[0, 2], settings=SETTINGS)
     with pytest.raises(ValueError, match="corrupted must have the batch's shape"):
         das(model, batch, corrupted[:, :-1], settings=SETTINGS)
-    assert isinstance(
-        das(
-            model, batch, corrupted, sites=["block_output"], layers=[1], dims=[1], settings=SETTINGS
-        ),
-        pd.DataFrame,
+    with pytest.raises(ValueError, match=r"dims \[1000\]: larger than every site's width"):
+        das(model, batch, corrupted, sites=["block_input"], dims=[1, 1000], settings=SETTINGS)
+    with pytest.raises(ValueError, match="holdout 0.01 of 10 documents holds none out"):
+        das(model, batch, corrupted, settings=DasSettings(holdout=0.01))
+    result = das(
+        model, batch, corrupted, sites=["block_output"], layers=[1], dims=[1], settings=SETTINGS
     )
+    assert isinstance(result.table, pd.DataFrame) and set(result.bases) == {
+        f"layers.1.block_output/{label}/1" for label in result.table["position"].unique()
+    }
 
 
 def test_the_answers_cross_entropy_and_its_gradient_are_torchs():

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from examples.retention import DeclaredRetention, ResumableRetention, Retention
 from mecheval.layers import DeltaNet, Mamba, Mixer, MixerError, Site
+from mecheval.layers.resume import Resume, pick
 from mecheval.models import ARCHITECTURES, build_model
 from mecheval.testing import MixerCheckError, check_mixer
 
@@ -161,3 +163,147 @@ def test_a_mixer_that_is_no_mixer_is_refused_by_name():
             build_model("plain_linear", 10, 8, max_len=4)
     finally:
         unregister_mixer("plain_linear")
+
+
+# Probes of issue 51: each fault a line of MixerCheckError naming its cause, never a raw error.
+
+
+class WrongShape(Plain):
+    def forward(self, x):
+        return torch.cat([super().forward(x), x[..., :1]], -1)
+
+
+class Unreached(Plain):
+    def __init__(self, d_model: int) -> None:
+        super().__init__(d_model)
+        self.never = Site("never")
+
+
+class TupleOutput(Plain):
+    def forward(self, x):
+        return super().forward(x), None
+
+
+class Float64Output(Plain):
+    def forward(self, x):
+        return super().forward(x).double()
+
+
+class MixesRows(Plain):
+    def forward(self, x):
+        y = super().forward(x)
+        return y + y.mean(0, keepdim=True)
+
+
+class HiddenLookAhead(Plain):
+    """Reads the next position through a gate that starts at zero."""
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__(d_model)
+        self.gate = torch.nn.Parameter(torch.zeros(d_model))
+
+    def forward(self, x):
+        ahead = torch.cat([x[:, 1:], torch.zeros_like(x[:, :1])], 1)
+        return super().forward(x) + self.gate * ahead
+
+
+class BatchSecond(ResumableRetention):
+    """Keeps its context with the heads first and the batch second (consistently)."""
+
+    def forward(self, x, resume=None):
+        inner = None
+        if resume is not None:
+            state = None if resume.state is None else (resume.state[0].transpose(0, 1),)
+            inner = Resume(state, resume.leave)
+        out = super().forward(x, inner)
+        if resume is not None:
+            resume.state = (inner.state[0].transpose(0, 1).contiguous(),)
+        return out
+
+
+class InPlace(ResumableRetention):
+    """Adds to the context it resumes from in place."""
+
+    def state_after(self, k, v, before, powers):
+        state = super().state_after(k, v, None, powers)
+        if before is None:
+            return state
+        return before.mul_(powers[:, -1, None, None]).add_(state)
+
+
+class OutputSite(DeclaredRetention):
+    """A site on the retention's output, after the recurrence: its at= path forms it at
+    `at` alone."""
+
+    def __init__(self, d_model: int, num_heads: int = 2) -> None:
+        super().__init__(d_model, num_heads)
+        self.o = Site("o")
+
+    def output(self, o, x):
+        o = F.rms_norm(o, (self.head_dim,)).transpose(1, 2).flatten(2)
+        return self.o_proj(F.silu(self.g_proj(x)) * self.o(o))
+
+
+class OutputSiteEverywhere(OutputSite):
+    """The same site, correct on the at= path: the output formed at every position, then
+    picked at `at`."""
+
+    def forward(self, x, resume=None, at=None):
+        return pick(ResumableRetention.forward(self, x, resume), at)
+
+
+@pytest.mark.parametrize(
+    "mixer, check, words",
+    [
+        (WrongShape, "forward", "(3, 12, 16) torch.float32 -> (3, 12, 17) torch.float32"),
+        (TupleOutput, "forward", "returns a tuple, not one tensor of shape (3, 12, 16)"),
+        (Float64Output, "forward", "-> (3, 12, 16) torch.float64: the output must have its"),
+        (Unreached, "sites", "never is never reached by forward"),
+        (OutputSite, "sites", "o sees 1 of 12 positions on the at= path"),
+        (MixesRows, "rows", "changing row 0's input changes other rows' outputs"),
+        (HiddenLookAhead, "causal", "change earlier outputs (with every parameter perturbed)"),
+        (BatchSecond, "resumable", "context entry 0 has shape (2, 3, 8, 8): its first axis"),
+        (InPlace, "resumable", "resuming changed the context it resumed from in place"),
+    ],
+)
+def test_each_fault_is_a_line_of_the_report_naming_its_cause(mixer, check, words):
+    """Before: raw RuntimeError, KeyError, AttributeError or ValueError for the first five;
+    for the others the grid check alone failed ("p_restored differs"), or nothing did."""
+    with pytest.raises(MixerCheckError) as error:
+        check_mixer(mixer, grid=False)
+    lines = [c for c in error.value.report.failed if c.name.endswith(f" {check}")]
+    assert lines and all(words in c.detail for c in lines), str(error.value)
+    assert str(error.value).count("\n") == len(error.value.report.checks)  # one line each
+
+
+def test_a_correct_site_after_the_recurrence_passes():
+    report = check_mixer(OutputSiteEverywhere)
+    assert not report.failed
+
+
+def test_a_fault_in_the_grid_is_a_line_too():
+    failed = _failed(Unreached)
+    assert {"sites", "grid"} <= failed
+
+
+@pytest.mark.parametrize(
+    "arch, options",
+    [
+        ("attention", {}),
+        ("mamba", {}),
+        ("deltanet", {}),
+        ("examples.retention:DeclaredRetention", {"num_heads": 2}),
+    ],
+)
+def test_correct_mixers_pass_at_every_init(arch, options):
+    """Before: the grid check failed them at init: pytorch (KL off by 1.5e-5 to 1.07e-4, where
+    1e-5 was allowed): tolerances set for the study's init alone."""
+    for init in ("study", "pytorch"):
+        assert not check_mixer(arch, options={**options, "init": init}).failed
+
+
+def test_every_part_of_a_hybrid_is_built_and_checked():
+    """Before: check_mixer of a 3-part hybrid built 2 layers, and passed without DeltaNet."""
+    report = check_mixer("mamba+attention+deltanet", grid=False)
+    checked = {c.name.split(" ")[2] for c in report.checks if c.name.startswith("layer")}
+    assert checked == {"(Mamba)", "(CausalSelfAttention)", "(DeltaNet)"}

@@ -3,6 +3,8 @@ path, hybrids by layer; each builds, trains and is evaluated as the zoo's are.""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -48,7 +50,7 @@ def test_the_zoo_is_registered_by_name():
         "hyena",
     )
     assert architecture("mamba").parts[0].block == "mamba"
-    assert architecture("attention").position_embeddings
+    assert architecture("attention").position_embeddings(1)
 
 
 def test_a_registered_mixer_takes_its_factorys_options(registered):
@@ -108,9 +110,9 @@ def test_a_mixer_named_by_import_path():
 
 def test_a_hybrid_stacks_its_parts_by_layer_with_their_blocks_and_inits():
     torch.manual_seed(0)
-    model = build_model("mamba+attention", 20, 16, n_layers=3, max_len=8)
-    assert [type(b) for b in model.layers] == [MambaBlock, TransformerBlock, MambaBlock]
-    assert [type(b.mixer) for b in model.layers] == [Mamba, CausalSelfAttention, Mamba]
+    model = build_model("mamba+attention", 20, 16, n_layers=4, max_len=8)
+    assert [type(b) for b in model.layers] == [MambaBlock, TransformerBlock] * 2
+    assert [type(b.mixer) for b in model.layers] == [Mamba, CausalSelfAttention] * 2
     assert model.position_embedding is not None  # attention's default
     # Each block has its own scheme: attention's Linear weights ~ N(0, 0.02), Mamba's in_proj
     # keeps PyTorch's uniform init (bound 1 / sqrt(16) = 0.25).
@@ -141,3 +143,49 @@ def test_the_grid_of_a_hybrid_equals_the_per_cell_loop():
     assert len(merged) == len(fast) == len(slow)
     for column in ("p_restored", "kl"):
         np.testing.assert_allclose(merged[column], merged[f"{column}_loop"], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "arch, n_layers, parts",
+    [("mamba+attention+deltanet", 2, 3), ("mamba+attention", 1, 2), ("mamba+attention", 3, 2)],
+)
+def test_a_hybrid_whose_parts_do_not_divide_the_layers_is_refused_naming_both(
+    arch, n_layers, parts
+):
+    """Before: 3 parts on 2 layers dropped DeltaNet silently; 2 parts on 1 layer dropped
+    attention but kept its position embeddings."""
+    words = f"arch '{arch}' has {parts} parts, which do not divide its {n_layers} layer"
+    with pytest.raises(ValueError, match=re.escape(words)):
+        build_model(arch, 20, 16, n_layers=n_layers, max_len=8)
+    model = build_model(arch, 20, 16, n_layers=parts, max_len=8)  # one part per layer
+    assert len({type(b.mixer) for b in model.layers}) == parts
+
+
+def test_position_embeddings_come_from_the_parts_of_the_layers_alone():
+    hybrid = architecture("mamba+attention")
+    assert not hybrid.position_embeddings(1)  # layer 0 is Mamba's
+    assert hybrid.position_embeddings(2)
+    assert build_model("mamba+attention", 20, 16, max_len=8).position_embedding is not None
+    assert build_model("mamba+deltanet", 20, 16, max_len=8).position_embedding is None
+
+
+def test_a_hybrid_takes_options_per_part():
+    model = build_model(
+        "mamba+mamba_noconv",
+        20,
+        16,
+        max_len=8,
+        expand=1,
+        mamba={"d_state": 4, "d_conv": 2},
+        mamba_noconv={"d_state": 8},
+    )
+    first, second = (b.mixer for b in model.layers)
+    assert (first.d_state, first.d_conv, first.expand) == (4, 2, 1)
+    assert (second.d_state, second.use_conv, second.expand) == (8, False, 1)
+    # A part's own options win over the shared ones.
+    model = build_model("mamba+attention", 20, 16, max_len=8, d_state=4, mamba={"d_state": 2})
+    assert model.layers[0].mixer.d_state == 2
+    with pytest.raises(ValueError, match="option.* num_heads do not apply to part 'mamba'"):
+        build_model("mamba+attention", 20, 16, max_len=8, mamba={"num_heads": 2})
+    with pytest.raises(ValueError, match="option.* nope do not apply to arch"):
+        build_model("mamba+attention", 20, 16, max_len=8, nope={"num_heads": 2})

@@ -28,7 +28,8 @@ def _cell(position: str, iia_by_k: dict[int, float], n: int = 200) -> pd.DataFra
                 {"example": np.arange(n), "k": k, "correct": correct, "position": position}
             )
         )
-    model = dict(task="ar", setting="ar()", arch="attention", d_model=64, n_layers=2)
+    model = dict(task="ar", setting="ar()", arch="attention", d_model=64, n_layers=2, lr=1e-3)
+    model["das_settings"] = "steps 200"
     cell = dict(corruption="key", layer=1, site="block_input", width=8, run="r")
     return pd.concat(rows).assign(**model, **cell)
 

@@ -21,8 +21,8 @@ def test_training_finds_the_subspace(trained):
     batch = task.sample(128, seed=5, split="dev")
     corrupted = task.corrupt(batch, "key", seed=5)
     where = dict(sites=["block_input"], layers=[1], positions=["value"], dims=[4])
-    found = das(model, batch, corrupted, settings=DasSettings(steps=60, lr=2e-2), **where)
-    start = das(model, batch, corrupted, settings=DasSettings(steps=1, lr=1e-9), **where)
+    found, _ = das(model, batch, corrupted, settings=DasSettings(steps=60, lr=2e-2), **where)
+    start, _ = das(model, batch, corrupted, settings=DasSettings(steps=1, lr=1e-9), **where)
 
     def iia(table, k):
         return table[table["k"] == k]["correct"].mean()
@@ -35,11 +35,11 @@ def test_training_finds_the_subspace(trained):
 def test_the_das_command_and_its_report_section(trained, tmp_path, capsys):
     run = tmp_path / "runs" / "attention"
     shutil.copytree(trained[0], run)
-    args = ["das", str(run), "--sites", "block_input,state", "--layers", "1"]
+    args = ["das", str(run), "--sites", "block_input", "--layers", "1"]
     args += ["--positions", "value,query", "--dims", "1,4", "--steps", "20", "--lr", "0.02"]
     assert cli.main(args) == 0
     table = pd.read_parquet(run / "das.parquet")
-    assert set(table["site"]) == {"block_input"}  # attention has no recurrent state
+    assert set(table["site"]) == {"block_input"}
     assert set(table["k"]) == {0, 1, 4, 64} and set(table["position"]) == {"value", "query"}
     assert table["example"].nunique() == 64  # half of the run's 128 evaluation documents
     stamp = (run / "das.json").stat().st_mtime_ns
@@ -60,7 +60,8 @@ def test_the_das_command_and_its_report_section(trained, tmp_path, capsys):
     [
         (["--dims", "0,2"], "--dims: expected subspace sizes >= 1"),
         (["--steps", "0"], "--steps: must be an int >= 1"),
-        (["--sites", "nope"], "--sites: attention's model has none of"),
+        (["--sites", "nope"], "--sites: attention's model has no ['nope']"),
+        (["--sites", "block_input,state"], "--sites: attention's model has no ['state']"),
         (["--corruptions", "query"], "--corruptions: 'query' is not a corruption of ar"),
     ],
 )

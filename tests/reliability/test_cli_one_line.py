@@ -73,7 +73,7 @@ def test_a_cache_that_is_a_file_is_one_line_and_trains_nothing(
 
 
 def test_a_bug_is_one_line_and_its_traceback_only_with_debug(tmp_path, capsys, monkeypatch):
-    def broken(path, out=None):
+    def broken(path, out=None, allow_code_change=False):
         raise TypeError("an unexpected argument")
 
     monkeypatch.setattr("mecheval.evaluation.report.build_report", broken)

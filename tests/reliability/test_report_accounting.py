@@ -102,7 +102,9 @@ def test_a_truncated_interventions_table_stops_the_report_in_one_line(tmp_path, 
     table.write_bytes(table.read_bytes()[:300])
     code, line = cli_line(["report", str(run)], capsys)
     assert code == 1
-    assert line.startswith(f"mecheval: error: {table}: cannot be read as Parquet (")
+    assert line.startswith(
+        f"mecheval: error: {table}: not the file interventions.json names (another sha256"
+    )
     assert line.endswith(f"evaluate the run again: mecheval evaluate {run} --force")
     assert not (run / "report" / "report.md").exists()
     # Evaluating again mends it.

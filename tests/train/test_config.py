@@ -99,3 +99,25 @@ def test_threads_are_part_of_a_run_only_when_set():
     assert "threads" not in identity(TrainConfig())
     assert identity(TrainConfig(threads=1)) != identity(TrainConfig())
     assert identity(TrainConfig(threads=1)) != identity(TrainConfig(threads=2))
+
+
+def test_train_refuses_a_mixer_with_a_site_forward_never_reaches(tmp_path, capsys):
+    """Before: it trained, and then `evaluate` failed with "internal error", exit 3."""
+    from mecheval.models import register_mixer
+    from mecheval.models.registry import unregister_mixer
+    from tests.models.test_check_mixer import Unreached
+    from tests.reliability.helpers import TINY, cli_line
+
+    register_mixer("unreached_site", Unreached)
+    try:
+        run = tmp_path / "run"
+        code, line = cli_line(["train", "--out", str(run), *TINY, "arch=unreached_site"], capsys)
+    finally:
+        unregister_mixer("unreached_site")
+    assert code == 2
+    assert line == (
+        "mecheval: config error: model: layer 0's mixer (Unreached) breaks the mixer contract: "
+        "sites: never is never reached by forward (every site sees every position: "
+        "docs/mixers.md) (mecheval.testing.check_mixer checks it all)"
+    )
+    assert not run.exists()
