@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from mecheval.interventions.grid import hidden_at
-from mecheval.interventions.path import PATH_COLUMNS, _check, _reads, _windows
+from mecheval.interventions.path import PATH_COLUMNS, _check, _convs, _reads
 from mecheval.interventions.positions import expand_positions, resolve_position
 from mecheval.tasks import Batch
 
@@ -73,10 +73,9 @@ def _estimate(model, layer, route, at, site, sent, corrupt, patched, residual, q
         carriers = {name: (corrupt[name], patched[name] - corrupt[name])}
     else:
         carriers = {}
-        for name, width in _windows(model, layer).items():
-            columns = torch.arange(length, device=at.device)
-            route_mask = (columns > at[:, None]) & (columns < at[:, None] + width)
-            delta = (patched[name] - corrupt[name]) * route_mask[..., None]
+        after = torch.arange(length, device=at.device) > at[:, None]
+        for name in _convs(model, layer):
+            delta = (patched[name] - corrupt[name]) * after[..., None]
             carriers[name] = (corrupt[name], delta)
     total = torch.zeros(len(at), device=at.device)
     for step in range(steps):

@@ -5,9 +5,10 @@ a mixer's short conv and through its recurrent state too (docs/interventions.md)
 The sender is the input of layer m's block (or of its mixer) at one position p of each
 document, set to its value in the clean document. The routes out of position p through layer m:
 
-    conv      the mixer's short convolutions at the positions after p that read p
-              (p + 1 .. p + width - 1): their outputs take the values they take with the
-              sender patched, everything else in layer m keeps the corrupted run's values
+    conv      the mixer's short convolutions (its `conv_sites`) at the positions after p:
+              their outputs take the values they take with the sender patched (those within
+              the convolution's width of p change), everything else in layer m keeps the
+              corrupted run's values
     state     the mixer's recurrent state after p: it takes the value it takes with the sender
               patched, the rest of the scan (and the convolutions after p) the corrupted run's
     kv        every read of position p by the mixer at later positions, and nothing at p
@@ -38,12 +39,11 @@ PATH_COLUMNS = (*COLUMNS[:5], "route", "receiver", *COLUMNS[5:], "p_sender")
 
 
 def routes_of(model, layer: int) -> tuple[str, ...]:
-    """The routes layer `layer`'s mixer has: conv where it declares short-conv windows, state
+    """The routes layer `layer`'s mixer has: conv where it declares short-conv sites, state
     where it has a state site; kv and residual always."""
     names = set(model.site_names())
-    mixer = model.layers[layer].mixer
     found = []
-    if any(f"layers.{layer}.{site}" in names for site in mixer.window_sites):
+    if _convs(model, layer):
         found.append("conv")
     if f"layers.{layer}.state" in names:
         found.append("state")
@@ -74,14 +74,11 @@ def _check(model, layer: int, sender: str, routes, receiver) -> tuple[tuple[str,
     return routes, receiver
 
 
-def _windows(model, layer: int) -> dict[str, int]:
+def _convs(model, layer: int) -> list[str]:
+    """The full names of layer `layer`'s short-conv output sites (its mixer's `conv_sites`)."""
     names = set(model.site_names())
-    mixer = model.layers[layer].mixer
-    return {
-        f"layers.{layer}.{site}": width
-        for site, width in mixer.window_sites.items()
-        if f"layers.{layer}.{site}" in names
-    }
+    sites = (f"layers.{layer}.{site}" for site in model.layers[layer].mixer.conv_sites)
+    return [name for name in sites if name in names]
 
 
 def route_patches(model, layer, route, at, sender, sent, corrupt, patched) -> dict:
@@ -102,14 +99,9 @@ def route_patches(model, layer, route, at, sender, sent, corrupt, patched) -> di
         values[rows, at] = patched[mixer][rows, at]
         return {sender: (at, sent), mixer: (None, values)}
     patches = dict(freeze)
-    for site, width in _windows(model, layer).items():
-        values = corrupt[site].clone()
-        length = values.shape[1]
-        for lag in range(1, width):
-            later = (at + lag).clamp(max=length - 1)
-            keep = (at + lag < length)[:, None]
-            values[rows, later] = torch.where(keep, patched[site][rows, later], values[rows, later])
-        patches[site] = (None, values)
+    for site in _convs(model, layer):
+        after = torch.arange(corrupt[site].shape[1], device=at.device) > at[:, None]
+        patches[site] = (None, torch.where(after[..., None], patched[site], corrupt[site]))
     return patches
 
 
@@ -118,7 +110,7 @@ def _reads(model, layer: int, routes) -> dict[str, None]:
     if "residual" in routes:
         reads[f"layers.{layer}.mixer_output"] = None
     if "conv" in routes:
-        reads.update(dict.fromkeys(_windows(model, layer)))
+        reads.update(dict.fromkeys(_convs(model, layer)))
     return reads
 
 

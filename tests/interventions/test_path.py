@@ -67,8 +67,8 @@ def _loop(model, batch, corrupted, layer, label, route, receiver=None):
     sender = f"layers.{layer}.block_input"
     output, mixer = f"layers.{layer}.block_output", f"layers.{layer}.mixer_output"
     mixer_module = model.layers[layer].mixer
-    windows = {f"layers.{layer}.{s}": w for s, w in mixer_module.window_sites.items()
-               if f"layers.{layer}.{s}" in model.site_names()}  # fmt: skip
+    windows = [f"layers.{layer}.{s}" for s in mixer_module.conv_sites
+               if f"layers.{layer}.{s}" in model.site_names()]  # fmt: skip
     out = []
     for i in range(len(batch)):
         clean, base = batch.tokens[i : i + 1], corrupted[i : i + 1]
@@ -94,9 +94,8 @@ def _loop(model, batch, corrupted, layer, label, route, receiver=None):
             replace = {sender: _at(p, sent), mixer: _columns(p, corrupt[mixer], keep)}
         else:
             replace = dict(freeze)
-            for site, width in windows.items():
-                later = [t for t in range(p + 1, min(p + width, base.shape[1]))]
-                replace[site] = _columns(p, patched[site], later)
+            for site in windows:
+                replace[site] = _columns(p, patched[site], list(range(p + 1, base.shape[1])))
         logits, seen = _hooked(model, base, replace=replace, state=st,
                                capture=[receiver] if receiver else [])  # fmt: skip
         if receiver is not None:
