@@ -7,6 +7,7 @@ flash-linear-attention's DeltaNet and Gated DeltaNet.
     model = from_pretrained("/data/gpt2")                   # a folder: config.json + weights, or
     model = from_pretrained(hf_model)                       # a transformers model object
     model(tokens)                                           # logits, as transformers' own
+    hf_site("gpt2", 3, "mixer_output")                      # where a site lies in theirs
 
 Mamba's, Mamba-2's, DeltaNet's and Gated DeltaNet's blocks run mecheval's layers, so the grid
 reads and patches their recurrent state inside mecheval's scans (site "state"). docs/pretrained.md
@@ -14,6 +15,7 @@ says what is checked and how.
 """
 
 from mecheval.models.pretrained.families import convert, family_of
+from mecheval.models.pretrained.hf_sites import hf_site
 from mecheval.models.pretrained.load import from_pretrained
 from mecheval.models.pretrained.model import (
     FAMILIES,
@@ -30,4 +32,5 @@ __all__ = [
     "convert",
     "family_of",
     "from_pretrained",
+    "hf_site",
 ]
