@@ -36,8 +36,9 @@ STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 
 
 def rope_type(config) -> str:
-    parameters = getattr(config, "rope_parameters", None) or {}
-    return parameters.get("rope_type", "default")
+    """The config's rotary type (transformers 5's rope_parameters, 4's rope_scaling)."""
+    parameters = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    return (parameters or {}).get("rope_type", "default")
 
 
 def check(config, source: str) -> None:
