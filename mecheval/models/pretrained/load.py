@@ -43,8 +43,10 @@ def from_pretrained(
         source: a folder holding config.json and the weights; a Hugging Face hub id
             ("openai-community/gpt2", "state-spaces/mamba-130m-hf"; an "hf:" prefix is
             allowed), downloaded to the hub's cache unless it is there; or a transformers
-            model object (GPT2LMHeadModel, ...), whose tensors the model then shares.
-        dtype: the parameters' dtype (float32 by default: the grid's and the checks' precision).
+            model object (GPT2LMHeadModel, ...), converted as it is (its dtype and device),
+            whose tensors the model then shares.
+        dtype: the parameters' dtype for a folder or hub id (float32 by default: the grid's
+            and the checks' precision).
         max_len: longest sequence to accept (default: the checkpoint's own limit).
         revision: the hub revision (a branch, tag or commit) for a hub id.
 
@@ -62,9 +64,8 @@ def from_pretrained(
 
 
 def _looks_like_path(name: str) -> bool:
-    return (
-        name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or os.sep + os.sep in name
-    )
+    """A name no hub id has (hub ids are "name" or "owner/name")."""
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1
 
 
 def _folder(name: str, revision: str | None) -> Path:
@@ -104,7 +105,8 @@ def _download(name: str, revision: str | None) -> Path:
                 huggingface_hub.snapshot_download(name, revision=revision, allow_patterns=["*.bin"])
             )
     except Exception as error:  # noqa: BLE001  (offline, unreachable, unknown, gated: one line)
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        text = str(error).strip()
+        reason = text.splitlines()[0].split(". ")[0] if text else ""  # its first sentence
         raise ValueError(
             f"{name} is no local folder, and the Hugging Face hub did not give it "
             f"({type(error).__name__}: {reason[:160]}); put config.json and the weights "
