@@ -47,6 +47,9 @@ setup(
             # Its naive references (pure PyTorch, CPU) are the oracles of the delta-rule family.
             "flash-linear-attention==0.6.0",
         ],
+        # mecheval.models.from_pretrained: Hugging Face checkpoints, read by transformers,
+        # downloaded by huggingface_hub (fla's families also need flash-linear-attention).
+        "pretrained": ["transformers>=4.56", "huggingface_hub>=0.24"],
         "dist": ["ray>=2.9"],
         "dev": ["ruff>=0.5"],
     },

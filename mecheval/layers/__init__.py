@@ -14,11 +14,14 @@ interventions patch are marked with `Site` / `StateSite` submodules (mecheval.la
     DeltaNet                fla's DeltaNet layer (delta rule)
     GatedDeltaNet           fla's GatedDeltaNet layer (gated delta rule)
     CausalSelfAttention     softmax attention
+    GroupedQueryAttention   softmax attention with grouped key/value heads and rotary
+                            embeddings (pretrained Transformers': GPT-2's, Llama's)
     BaseConv                gated short or implicit long convolution (zoology)
     BasedLinearAttention    Based's Taylor-feature linear attention (zoology)
     H3                      H3 with shift and diagonal SSMs (zoology)
     Hyena                   Hyena operator of order 2 (zoology)
     MLP                     Linear-GELU-Linear feed-forward
+    GatedMLP                down(act(gate(x)) * up(x)) feed-forward (Llama's, fla's)
 """
 
 from mecheval.layers.attention import CausalSelfAttention
@@ -26,13 +29,14 @@ from mecheval.layers.base_conv import BaseConv
 from mecheval.layers.based import BasedLinearAttention
 from mecheval.layers.delta_net import DeltaNet
 from mecheval.layers.gated_delta_net import GatedDeltaNet
+from mecheval.layers.grouped_attention import GroupedQueryAttention, Rotary
 from mecheval.layers.h3 import H3
 from mecheval.layers.hyena import Hyena
 from mecheval.layers.long_conv import ImplicitFilter, ImplicitLongConvolution, long_causal_conv
 from mecheval.layers.mamba import Mamba
 from mecheval.layers.mamba2 import Mamba2
 from mecheval.layers.mixer import Mixer, MixerError
-from mecheval.layers.mlp import MLP
+from mecheval.layers.mlp import MLP, GatedMLP
 from mecheval.layers.recurrent import RecurrentMixer
 from mecheval.layers.short_conv import ShortConvolution
 from mecheval.layers.sites import Site, SitePlan, StateSite
@@ -45,6 +49,8 @@ __all__ = [
     "CausalSelfAttention",
     "DeltaNet",
     "GatedDeltaNet",
+    "GatedMLP",
+    "GroupedQueryAttention",
     "Hyena",
     "ImplicitFilter",
     "ImplicitLongConvolution",
@@ -53,6 +59,7 @@ __all__ = [
     "Mixer",
     "MixerError",
     "RecurrentMixer",
+    "Rotary",
     "ShortConvolution",
     "Site",
     "SitePlan",

@@ -12,6 +12,7 @@ record["layers.1.block_input"]                           # (B, d_model)
 register_mixer("retnet", RetNet)                         # then build_model("retnet", ...),
 build_model("mypackage.mixers:RetNet", ...)              # or by import path, or a hybrid:
 build_model("mamba+attention", ...)                      # layer 0 Mamba, layer 1 attention
+from_pretrained("openai-community/gpt2")                 # a pretrained checkpoint's model
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 from mecheval.models.blocks import MambaBlock, TransformerBlock, build_block
 from mecheval.models.config import ARCHITECTURES, ModelConfig
 from mecheval.models.language_model import InterventionRecord, LanguageModel
+from mecheval.models.pretrained import PretrainedModel, from_pretrained
 from mecheval.models.registry import (
     Architecture,
     ArchitectureError,
@@ -77,12 +79,14 @@ __all__ = [
     "MambaBlock",
     "MixerEntry",
     "ModelConfig",
+    "PretrainedModel",
     "TransformerBlock",
     "UserCodeError",
     "architecture",
     "build_block",
     "build_model",
     "build_model_from_config",
+    "from_pretrained",
     "mixer_entry",
     "model_config",
     "register_mixer",

@@ -7,8 +7,8 @@ Block sites (`Site` submodules, named as the attributes below):
     block_input   the residual stream entering the block
     mixer_input   the normalised stream the mixer reads
     mixer_output  the mixer's output, before the residual add
-    mlp_input     the normalised stream the MLP reads         (Transformer blocks only)
-    mlp_output    the MLP's output, before the residual add   (Transformer blocks only)
+    mlp_input     the normalised stream the MLP reads         (blocks with an MLP)
+    mlp_output    the MLP's output, before the residual add   (blocks with an MLP)
     block_output  the residual stream leaving the block
 plus the sites inside the mixer (conv_input, state, ...).
 """
@@ -119,6 +119,35 @@ class MambaBlock(Block):
     def __init__(self, d_model: int, mixer: Mixer, norm_eps: float = 1e-5) -> None:
         super().__init__(mixer, "norm", nn.RMSNorm(d_model, eps=norm_eps))
         self.block_output = Site("block_output")
+
+
+class PreNormBlock(Block):
+    """Pre-norm block of given parts: x + mixer(norm1(x)), then + mlp(norm2(.)): the blocks of
+    pretrained models (GPT-2's: LayerNorms and a GELU MLP; Llama's and flash-linear-attention's:
+    RMSNorms and a gated MLP). The zoo's Transformer block is this with its own parts.
+
+    Args:
+        mixer: the sequence mixer, (B, L, d_model) -> (B, L, d_model).
+        norm1: the norm before the mixer.
+        norm2: the norm before the MLP.
+        mlp: the feed-forward block, (B, L, d_model) -> (B, L, d_model), acting on each
+            position alone.
+    """
+
+    kind = "pre_norm"
+    sites_after_mixer = ("mlp_input", "mlp_output", "block_output")
+
+    def __init__(self, mixer: Mixer, norm1: nn.Module, norm2: nn.Module, mlp: nn.Module) -> None:
+        super().__init__(mixer, "norm1", norm1)
+        self.norm2 = norm2
+        self.mlp_input = Site("mlp_input")
+        self.mlp = mlp
+        self.mlp_output = Site("mlp_output")
+        self.block_output = Site("block_output")
+
+    def after_mixer(self, residual: torch.Tensor) -> torch.Tensor:
+        """+ MLP(norm2(residual))."""
+        return residual + self.mlp_output(self.mlp(self.mlp_input(self.norm2(residual))))
 
 
 BLOCKS = {"transformer": TransformerBlock, "mamba": MambaBlock}

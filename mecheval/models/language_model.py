@@ -63,6 +63,11 @@ class LanguageModel(nn.Module):
         self.norm_f = nn.LayerNorm(d)
         if config.init == "study":
             self._init_weights()
+        self._index_sites()
+
+    def _index_sites(self) -> None:
+        """Index the sites of the blocks built (a subclass that builds its own parts calls it
+        last)."""
         self._sites = self._collect_sites()
         self._intervening = False
         self._context_sizes: dict[int, list[int]] = {}

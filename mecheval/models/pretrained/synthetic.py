@@ -1,0 +1,132 @@
+"""Random checkpoints and documents, built offline: what the tests, the benchmark and a user
+without weights run the pretrained path on.
+
+    hf_model = random_hf_model("mamba", d_model=64, n_layers=2)   # a transformers model object
+    model = from_pretrained(hf_model)
+    batch, corrupted = random_batch(model.config.vocab_size, n=8, length=24)
+    interchange_grid(model, batch, corrupted)
+
+`random_hf_model` builds the family's Hugging Face model from a config (no download) and moves
+every weight off its initial value (norms off one, biases off zero), so that a conversion that
+misplaces a weight shows in the logits. `random_batch` makes recall-shaped documents of random
+tokens: a key and its value somewhere, the key again at the query, the value the answer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mecheval.tasks import Batch
+
+# family -> (module, config class, model class)
+CLASSES = {
+    "gpt2": ("transformers", "GPT2Config", "GPT2LMHeadModel"),
+    "llama": ("transformers", "LlamaConfig", "LlamaForCausalLM"),
+    "mamba": ("transformers", "MambaConfig", "MambaForCausalLM"),
+    "mamba2": ("transformers", "Mamba2Config", "Mamba2ForCausalLM"),
+    "delta_net": ("fla.models", "DeltaNetConfig", "DeltaNetForCausalLM"),
+    "gated_deltanet": ("fla.models", "GatedDeltaNetConfig", "GatedDeltaNetForCausalLM"),
+}
+
+
+def _sizes(family: str, d: int, n: int) -> dict:
+    """The config keywords of a model of `family` of width d and n layers (heads of 16)."""
+    heads = max(1, d // 16)
+    fused = {"fuse_norm": False, "fuse_swiglu": False, "fuse_cross_entropy": False}
+    return {
+        "gpt2": {"n_embd": d, "n_layer": n, "n_head": heads},
+        "llama": {
+            "hidden_size": d,
+            "intermediate_size": 3 * d,
+            "num_hidden_layers": n,
+            "num_attention_heads": heads,
+            "num_key_value_heads": max(1, heads // 2),
+            "tie_word_embeddings": False,
+        },
+        "mamba": {"hidden_size": d, "num_hidden_layers": n, "state_size": 16},
+        "mamba2": {
+            "hidden_size": d,
+            "num_hidden_layers": n,
+            "state_size": 16,
+            "head_dim": 16,
+            "num_heads": 2 * d // 16,
+            "n_groups": 1,
+            "chunk_size": 64,
+        },
+        "delta_net": {"hidden_size": d, "num_hidden_layers": n, "num_heads": heads, **fused},
+        "gated_deltanet": {
+            "hidden_size": d,
+            "num_hidden_layers": n,
+            "num_heads": heads,
+            "head_dim": d // heads,
+            "expand_v": 1.0,
+            **fused,
+        },
+    }[family]
+
+
+def random_hf_model(
+    family: str,
+    *,
+    d_model: int = 32,
+    n_layers: int = 2,
+    vocab_size: int = 97,
+    seed: int = 0,
+    scale: float = 0.2,
+    **config: object,
+):
+    """A transformers (or fla) causal LM of `family` with random weights, in eval mode.
+
+    Args:
+        family: one of mecheval.models.pretrained.FAMILIES.
+        d_model, n_layers, vocab_size: its sizes (heads of 16 channels).
+        seed: the seed of its weights.
+        scale: every weight is moved by N(0, scale^2) from its initial value.
+        config: more keywords of the family's config class (they win over the defaults).
+    """
+    import importlib
+
+    if family not in CLASSES:
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(CLASSES)}")
+    module, config_class, model_class = CLASSES[family]
+    classes = importlib.import_module(module)
+    ids = {"vocab_size": vocab_size, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
+    hf_config = getattr(classes, config_class)(
+        **{**_sizes(family, d_model, n_layers), **ids, **config}
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = getattr(classes, model_class)(hf_config)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * scale)
+    return model.eval()
+
+
+def random_batch(vocab_size: int, n: int = 6, length: int = 16, seed: int = 0):
+    """(documents, corrupted tokens): n recall-shaped documents of `length` random ids in
+    1..vocab_size - 1, each with a key at a random position k in 1..length - 5, its value at
+    k + 1, the key again at the query (length - 2, after the divider at length - 3) and the
+    value as the answer (at length - 1); the corruption puts another key at k.
+
+    Returns:
+        a mecheval.tasks.Batch and its corruption (n, length).
+    """
+    if length < 7 or vocab_size < 3:
+        raise ValueError(
+            f"random_batch needs length >= 7 and vocab_size >= 3, got {length}, {vocab_size}"
+        )
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(1, vocab_size, (n, length), generator=g)
+    rows = torch.arange(n)
+    key = torch.randint(1, length - 4, (n,), generator=g)
+    query = torch.full((n,), length - 2)
+    tokens[rows, query] = tokens[rows, key]
+    tokens[rows, query + 1] = tokens[rows, key + 1]
+    positions = {"key": key, "value": key + 1, "divider": query - 1, "query": query}
+    positions["answer"] = query + 1
+    batch = Batch(tokens, tokens[rows, query + 1], positions, torch.full((n,), length))
+    corrupted = tokens.clone()
+    shift = torch.randint(1, vocab_size - 1, (n,), generator=g)
+    corrupted[rows, key] = (tokens[rows, key] - 1 + shift) % (vocab_size - 1) + 1
+    return batch, corrupted
