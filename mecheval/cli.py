@@ -196,9 +196,19 @@ def _over_runs(job, options_class, args: argparse.Namespace):
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from mecheval.config import parse_overrides
     from mecheval.evaluation.evaluate import evaluate_all, evaluation_summary
+    from mecheval.evaluation.kinds import evaluate_kind
     from mecheval.run_folder.status import finished_runs
 
+    if args.kind == "grid" and args.option:
+        raise ConfigError("--option: the grid takes its options as flags (--positions, ...)")
+    if args.kind != "grid":
+        kind_options = parse_overrides(args.option)
+        job = lambda path, **kw: evaluate_kind(path, args.kind, kind_options, **kw)  # noqa: E731
+        table = _over_runs(job, EvaluateConfig, args)
+        print(f"{args.kind} on {table['run'].nunique()} run(s): {len(table)} rows")
+        return 0
     table = _over_runs(evaluate_all, EvaluateConfig, args)
     for run in finished_runs(args.path):
         print(evaluation_summary(run))
@@ -258,7 +268,9 @@ def _command(sub, name: str, help: str, func) -> argparse.ArgumentParser:
     return p
 
 
-def _run_options(sub, name: str, help: str, func, options: type, flags: dict[str, dict]) -> None:
+def _run_options(
+    sub, name: str, help: str, func, options: type, flags: dict[str, dict]
+) -> argparse.ArgumentParser:
     """A subcommand over run or sweep folders that takes one flag per field of the `options`
     dataclass (its default the field's, the rest of its argparse keywords in `flags`)."""
     p = _command(sub, name, help, func)
@@ -270,6 +282,7 @@ def _run_options(sub, name: str, help: str, func, options: type, flags: dict[str
         )
     p.add_argument("--force", action="store_true", help="redo runs already done")
     _allow_code_change(p)
+    return p
 
 
 def _allow_code_change(p: argparse.ArgumentParser) -> None:
@@ -358,8 +371,21 @@ _EVALUATE_FLAGS: dict[str, dict] = {
 
 
 def _add_evaluate(sub) -> None:
-    help = "run the intervention grids of trained runs"
-    _run_options(sub, "evaluate", help, _cmd_evaluate, EvaluateConfig, _EVALUATE_FLAGS)
+    help = "run the intervention grids (or another kind of intervention) of trained runs"
+    p = _run_options(sub, "evaluate", help, _cmd_evaluate, EvaluateConfig, _EVALUATE_FLAGS)
+    p.add_argument(
+        "--kind",
+        default="grid",
+        help="the intervention kind: grid (the default), mean_ablation, resample_ablation, "
+        "path, eap, eap_ig, or an import path (docs/interventions.md)",
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the kind (repeatable), e.g. layers=[0,1]",
+    )
 
 
 def _int_list(text: str) -> list[int]:

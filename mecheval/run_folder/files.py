@@ -262,12 +262,18 @@ STAMP_OF = {
 }
 
 
+def stamp_of(name: str) -> str:
+    """The stamp that names an evaluation file: STAMP_OF's, or an intervention kind's
+    `<kind>.json` beside its `<kind>.parquet` (mecheval.evaluation.kinds)."""
+    return STAMP_OF.get(name, name.removesuffix(".parquet") + ".json")
+
+
 class StaleFileError(DamagedFileError):
     """An evaluation file that its stamp does not name (a kill between them): computed anew."""
 
 
 def _fix(folder: Path, name: str) -> str:
-    command = "das" if STAMP_OF.get(name) == DAS_STAMP else "evaluate"
+    command = "das" if stamp_of(name) == DAS_STAMP else "evaluate"
     return f"evaluate the run again: mecheval {command} {folder} --force"
 
 
@@ -276,7 +282,7 @@ def _checked_bytes(folder: Path, name: str) -> bytes:
     from before stamps named their files (no `files`) is taken at its word."""
     path = folder / name
     data = path.read_bytes()
-    stamp_name = STAMP_OF[name]
+    stamp_name = stamp_of(name)
     stamp = read_stamp(folder, stamp_name)
     named = stamp.get("files") if stamp else {}
     if not stamp or (isinstance(named, dict) and name not in named):
