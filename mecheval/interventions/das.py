@@ -54,7 +54,7 @@ from mecheval.interventions.das_data import (
     unswapped,
 )
 from mecheval.interventions.das_last_block import LastBlock, last_blocks
-from mecheval.interventions.grid import block_output_at, hidden_at
+from mecheval.interventions.engine import block_output_at, run_patched
 from mecheval.interventions.plan import CELL_COLUMNS, check_batch
 from mecheval.layers.resume import context_rows
 from mecheval.tasks import Batch
@@ -392,27 +392,25 @@ class _SiteGroup(nn.Module):
 
 def _run_rows(model, data: SiteData, values, positions, starts, rows, query) -> torch.Tensor:
     """(rows, d_model) the head input at each row's query with `values` put in at its position:
-    the site patched, or (a site after its block's mixer) the block's output there. Rows run in
-    buckets by resume point, each from the base run's contexts there."""
-    first, name = data.first_block, data.ref.name
-    pieces, order = [], []
-    for start in starts.unique().tolist():
-        picked = (starts == start).nonzero()[:, 0]
-        docs = rows[picked]
-        resumed = None
-        if start:
-            resumed = [context_rows(c, docs) for c in data.contexts[start][first:]]
-        suffix, at = data.residual[docs, start:], positions[picked] - start
-        if data.block_input is not None:  # the next block reads exactly the patched output
-            patched = suffix.index_put(
-                (torch.arange(len(picked), device=at.device), at), values[picked]
-            )
-            pieces.append(hidden_at(model, first, patched, query[docs] - start, resumed))
-        else:
-            with model.intervene(patches={name: (at, values[picked])}):
-                pieces.append(hidden_at(model, first, suffix, query[docs] - start, resumed))
-        order.append(picked)
-    return torch.cat(pieces)[torch.argsort(torch.cat(order))]
+    the site patched, or (a site after its block's mixer) the block's output there; on the
+    engine (`run_patched`), from the base run's contexts at each row's resume point."""
+
+    def contexts(start: int, first: int, docs: torch.Tensor) -> list:
+        return [context_rows(c, docs) for c in data.contexts[start][first:]]
+
+    return run_patched(
+        model,
+        data.ref.name,
+        data.first_block,
+        data.residual,
+        values,
+        rows,
+        positions,
+        starts,
+        query,
+        contexts,
+        output=data.block_input is not None,
+    )
 
 
 def _groups(model, data: dict[str, SiteData], combos: dict, query, seed: int) -> list[_SiteGroup]:

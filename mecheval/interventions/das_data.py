@@ -14,12 +14,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from mecheval.interventions.grid import METRIC_ROWS, UNSHIFTED, base_run, hidden_at
+from mecheval.interventions.engine import METRIC_ROWS, UNSHIFTED, base_run, hidden_at
 from mecheval.interventions.plan import (
     AFTER_MIXER,
     AFTER_MLP_INPUT,
     SiteRef,
     _resume_points,
+    query_reach,
     reaches_query,
     select_sites,
 )
@@ -225,7 +226,7 @@ def _mark_live(model, data: dict[str, SiteData], query: torch.Tensor) -> None:
     activations are equal (the documents agree up to there, or a token-local site where they
     hold the same token), so that every swap there is the identity. Either way the patched
     run is the base run, and no R gets a gradient from the row."""
-    reach = model.query_reach()
+    reach = query_reach(model)
     for site in data.values():
         site.live = {
             label: reaches_query(site.ref, at, query, reach)

@@ -31,7 +31,7 @@ import torch
 
 import mecheval_kernels
 from mecheval.interventions.das_data import SiteData
-from mecheval.interventions.grid import block_output_at, hidden_at
+from mecheval.interventions.engine import block_output_at, hidden_at
 from mecheval.interventions.plan import AFTER_MIXER, SiteRef
 from mecheval.layers.recurrent import RecurrentMixer
 from mecheval.layers.resume import Resume

@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from mecheval.interventions.grid import hidden_at
+from mecheval.interventions.engine import hidden_at
 from mecheval.interventions.path import PATH_COLUMNS, _check, _convs, _reads
 from mecheval.interventions.positions import expand_positions, resolve_position
 from mecheval.tasks import Batch

@@ -44,15 +44,19 @@ rounding; the tests check every cell.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from mecheval.interventions.engine import (
+    Contexts,
+    Metrics,
+    base_run,
+    block_output_at,
+    hidden_at,
+    run_patched,
+)
 from mecheval.interventions.plan import (
     AFTER_MIXER,
     AFTER_MLP_INPUT,
@@ -62,167 +66,11 @@ from mecheval.interventions.plan import (
     plan_grid,
     select_sites,
 )
-from mecheval.layers.resume import context_rows
 from mecheval.tasks import Batch
 
-_LOG2E = math.log2(math.e)
-_LN2 = math.log(2.0)
-
-__all__ = ["COLUMNS", "hidden_at", "interchange_grid", "plan_grid", "select_sites"]
+__all__ = ["COLUMNS", "frame", "interchange_grid", "plan_grid", "run_plan", "select_sites"]
 
 COLUMNS = (*CELL_COLUMNS, "p_original", "p_corrupted", "p_restored", "logit_restored", "kl")
-
-
-def hidden_at(
-    model, layer: int, residual: torch.Tensor, query: torch.Tensor, contexts: list | None = None
-) -> torch.Tensor:
-    """(B, d_model) the head's input at each row's query position, running blocks layer.. on
-    `residual` (the positions after those `contexts`, one per block run, cover; None: from
-    position 0)."""
-    if contexts is None:
-        return model.forward_from(layer, residual, positions=query, head="hidden")
-    return model.resume_from(
-        layer, residual, contexts, positions=query, head="hidden", leave=False
-    )[0]
-
-
-# Rows whose logits are formed at a time: (256, V) stays in cache through the log-sum-exp's
-# passes (20% faster on CPU than 1280 rows at once at the study's vocabulary).
-METRIC_ROWS = 256
-# Base-2 logits whose size stays within this bound need no shift in their log-sum-exp: 2^-100
-# is a normal float32, and 2^100 times a vocabulary of up to 2^27 ids stays below 2^128.
-UNSHIFTED = 100.0
-
-
-@dataclass(frozen=True)
-class Metrics:
-    """What the metrics need besides a patched run's head input: the tied head in base 2
-    (weight2 = unembedding log2(e), so that exp2 of its logits is exp of the true ones: about
-    2.5x faster on CPU, where the log-sum-exp is a tenth of a grid), and the clean run's
-    distribution at the query as its probabilities times the head (probs_head (n, d_model):
-    <p, logits> = <p W, hidden>, a product over d_model instead of the vocabulary) and
-    neg_entropy (n,) = sum_v p log p."""
-
-    weight2: torch.Tensor
-    probs_head: torch.Tensor
-    neg_entropy: torch.Tensor
-    head_norm2: float  # the largest norm of a row of weight2
-    # The logits of every block of rows are written into one buffer: a fresh one per call
-    # costs page faults on CPU.
-    _buffer: list = field(default_factory=list, repr=False)
-
-    @staticmethod
-    def of(model, clean_hidden: torch.Tensor) -> Metrics:
-        weight = model.unembedding
-        log_p = F.log_softmax(F.linear(clean_hidden, weight).float(), dim=-1)
-        probs = log_p.exp()
-        weight2 = weight.float() * _LOG2E
-        norm2 = float(weight2.norm(dim=1).max())
-        return Metrics(weight2, probs @ weight.float(), (probs * log_p).sum(-1), norm2)
-
-    def __call__(self, hidden: torch.Tensor, answers: torch.Tensor, rows: torch.Tensor | None):
-        """(p of the answer, the answer's logit, KL(clean || patched)) per row of `hidden`
-        (B, d_model), the head input of documents `rows` (None: every document in order).
-
-        KL = sum p log p - sum p (logits - lse) = neg_entropy - <p, logits> + lse, as sum p = 1:
-        one log-sum-exp and one product over d_model per row, not a log-softmax.
-        """
-        hidden = hidden.float()
-        lse2, logit2 = hidden.new_empty(len(hidden)), hidden.new_empty(len(hidden))
-        for first in range(0, len(hidden), METRIC_ROWS):
-            block = slice(first, first + METRIC_ROWS)
-            part = hidden[block]
-            logits2 = torch.mm(part, self.weight2.t(), out=self._logits(len(part)))
-            logit2[block] = logits2.gather(1, answers[block, None])[:, 0]
-            # |logit2| <= |hidden| |row of weight2|: within +-UNSHIFTED, exp2 of every logit
-            # and their sum stay normal floats, and the log-sum-exp needs no shift by the max.
-            if float(part.norm(dim=1).max()) * self.head_norm2 <= UNSHIFTED:
-                lse2[block] = logits2.exp2_().sum(-1).log2()
-            else:
-                top = logits2.amax(-1, keepdim=True)  # (log2(e) times the logits)
-                lse2[block] = top[:, 0] + logits2.sub_(top).exp2_().sum(-1).log2()
-        probs_head = self.probs_head if rows is None else self.probs_head[rows]
-        neg_entropy = self.neg_entropy if rows is None else self.neg_entropy[rows]
-        dot = torch.linalg.vecdot(probs_head, hidden)
-        kl = (neg_entropy - dot + lse2 * _LN2).clamp_min(0.0)
-        return torch.exp2(logit2 - lse2), logit2 * _LN2, kl
-
-    def _logits(self, rows: int) -> torch.Tensor:
-        if not self._buffer or len(self._buffer[0]) < rows:
-            self._buffer[:] = [self.weight2.new_empty(rows, len(self.weight2))]
-        return self._buffer[0][:rows]
-
-
-def base_run(
-    model, embedded: torch.Tensor, query: torch.Tensor, reads: dict, points: list[int], needed: int
-):
-    """The base (corrupted) run, once, over positions [0, needed): its head input at each row's
-    query, the sites `reads` names (n, needed, C), and point -> every layer's mixer context
-    after positions [0, point) (only given resume `points`: the run then goes in segments split
-    at them, or is one pass whose reads give the contexts)."""
-    if not points:
-        with model.intervene(reads=reads) as record:
-            hidden = hidden_at(model, 0, embedded[:, :needed], query)
-        return hidden, {name: record[name] for name in reads}, {}
-    sites = model.context_sites()
-    if sites is not None:  # one run, whose reads give the contexts at the resume points
-        points = [p for p in points if p > 0]
-        before = torch.tensor(points, device=query.device) - 1
-        wanted = {name: None for name in sites}
-        wanted.update({n: before.expand(len(query), -1) for n in sites if n.endswith(".state")})
-        with model.intervene(reads={**wanted, **reads}) as record:
-            hidden = hidden_at(model, 0, embedded[:, :needed], query)
-        contexts = {0: [None] * len(model.layers), **model.contexts_from(record, points)}
-        return hidden, {name: record[name] for name in reads}, contexts
-    contexts: dict[int, list] = {0: [None] * len(model.layers)}
-    parts: dict[str, list] = {name: [] for name in reads}
-    hidden, start = None, 0
-    for end in [p for p in points if p > 0] + [needed]:
-        here = (query >= start) & (query < end)  # the rows whose query this segment holds
-        at = (query - start).clamp(0, end - start - 1)  # (the others' are ignored)
-        with model.intervene(reads=reads) as record:
-            segment, contexts[end] = model.resume_from(
-                0,
-                embedded[:, start:end],
-                contexts[start],
-                positions=at,
-                head="hidden" if here.any() else False,
-            )
-        for name in reads:
-            parts[name].append(record[name])
-        if segment is not None:
-            if hidden is None:
-                hidden = segment.new_empty(segment.shape)
-            hidden[here] = segment[here]
-        start = end
-    return hidden, {name: torch.cat(p, 1) for name, p in parts.items()}, contexts
-
-
-class _Contexts:
-    """The base run's mixer contexts at each resume point, handed out for a chunk's rows. The
-    rows of a chunk recur from site to site (the same cells, bucketed the same way), so each
-    selection is gathered once and kept while the kept ones fit in `budget` bytes; a chunk of
-    every document in order takes the contexts as they are."""
-
-    def __init__(self, at_point: dict[int, list], n: int, budget: int) -> None:
-        self.at_point, self.n, self.budget = at_point, n, budget
-        self.kept: dict[tuple, tuple[torch.Tensor, list]] = {}
-        self.kept_bytes = 0
-
-    def rows(self, point: int, first_block: int, rows: torch.Tensor) -> list:
-        contexts = self.at_point[point][first_block:]
-        if len(rows) == self.n and torch.equal(rows, torch.arange(self.n, device=rows.device)):
-            return contexts
-        key = (point, first_block, len(rows), int(rows[0]), int(rows[-1]))
-        kept = self.kept.get(key)
-        if kept is not None and torch.equal(kept[0], rows):
-            return kept[1]
-        gathered = [context_rows(c, rows) for c in contexts]
-        size = sum(t.nbytes for c in gathered if c for t in c if t is not None)
-        if self.kept_bytes + size <= self.budget:
-            self.kept[key] = (rows, gathered)
-            self.kept_bytes += size
-        return gathered
 
 
 @torch.no_grad()
@@ -347,7 +195,7 @@ def run_plan(
     restored = metrics(clean, answers, None)
     p_original = restored[0]
     corrupt = metrics(corrupt_hidden, answers, None)
-    contexts = _Contexts(at_point, len(batch), plan.memory_budget // 4)
+    contexts = Contexts(at_point, len(batch), plan.memory_budget // 4)
     outputs = []
     for site in tqdm(plan.sites, disable=not progress, desc="interchange grid", unit="site"):
         # Cells that do not run keep the corrupted run's results.
@@ -361,31 +209,32 @@ def run_plan(
 
 
 def _run_site(model, plan, site, values, base, contexts, metrics, batch, results) -> None:
-    """Run one site's live cells, bucket by bucket and chunk by chunk, writing their
-    (p_restored, logit, kl) into `results`."""
-    ref, example, positions = site.ref, plan.example, plan.positions
-    query, answers = batch.positions["query"], batch.answers
+    """Run one site's live cells on the engine (`run_patched`), writing their (p_restored,
+    logit, kl) into `results`."""
+    ref, live = site.ref, site.live
+    if not len(live):
+        return
     is_output = ref.short in AFTER_MIXER  # restarts at the next block, on its output
-    if ref.short != "block_output" and is_output and len(site.live):
-        values = _block_outputs(model, ref, values, site.live, plan, base)
+    if ref.short != "block_output" and is_output:
+        values = _block_outputs(model, ref, values, live, plan, base)
     residual = base[f"layers.{ref.layer}.{'block_output' if is_output else 'block_input'}"]
-    for start in site.starts.unique().tolist():
-        bucket = site.live[site.starts == start]
-        for first in range(0, len(bucket), plan.chunk):
-            cells = bucket[first : first + plan.chunk]
-            rows = example[cells]
-            at, q_at = positions[cells] - start, query[rows] - start
-            suffix = residual[rows, start:]
-            resumed = contexts.rows(start, site.first_block, rows) if start else None
-            if is_output:  # the next block reads exactly the patched output
-                index = (torch.arange(len(cells), device=at.device), at)
-                patched = suffix.index_put(index, values[cells])
-                hidden = hidden_at(model, site.first_block, patched, q_at, resumed)
-            else:
-                with model.intervene(patches={ref.name: (at, values[cells])}):
-                    hidden = hidden_at(model, site.first_block, suffix, q_at, resumed)
-            for column, value in zip(results, metrics(hidden, answers[rows], rows), strict=True):
-                column[cells] = value
+    rows = plan.example[live]
+    hidden = run_patched(
+        model,
+        ref.name,
+        site.first_block,
+        residual,
+        values[live],
+        rows,
+        plan.positions[live],
+        site.starts,
+        batch.positions["query"],
+        contexts.rows,
+        output=is_output,
+        chunk=plan.chunk,
+    )
+    for column, value in zip(results, metrics(hidden, batch.answers[rows], rows), strict=True):
+        column[live] = value
 
 
 def _copy_results(plan: GridPlan, outputs: list) -> None:
@@ -410,21 +259,6 @@ def _block_outputs(model, ref, values: torch.Tensor, cells: torch.Tensor, plan, 
     outputs = x.new_zeros(len(plan.positions), x.shape[-1])
     outputs[cells] = patched
     return outputs
-
-
-def block_output_at(model, ref, values, block_input, mixer_output=None) -> torch.Tensor:
-    """(m, d_model): the output of block ref.layer at one position per row when the site after
-    its mixer (ref) is patched there with values (m, ...). After its mixer a block acts on each
-    position alone, so a one-position run of it from the base's input there (block_input
-    (m, d_model)), its mixer's output set to the base's (mixer_output (m, d_model), for the
-    sites after the MLP's input) and the site's patch on top, gives that output; a patched run
-    then restarts at the next block, on the base's block output with this one put in."""
-    zero = torch.zeros(len(values), dtype=torch.long, device=values.device)
-    patches = {ref.name: (zero, values)}
-    if mixer_output is not None:
-        patches[f"layers.{ref.layer}.mixer_output"] = (zero, mixer_output)
-    with model.intervene(patches=patches):
-        return model.forward_from(ref.layer, block_input[:, None], stop=ref.layer + 1)[:, 0]
 
 
 def frame(outputs, plan: GridPlan, p_original, p_corrupted) -> pd.DataFrame:

@@ -29,7 +29,8 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from mecheval.interventions.grid import COLUMNS, Metrics, hidden_at
+from mecheval.interventions.engine import Metrics, hidden_at
+from mecheval.interventions.grid import COLUMNS
 from mecheval.interventions.positions import expand_positions, resolve_position
 from mecheval.tasks import Batch
 

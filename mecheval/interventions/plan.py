@@ -9,14 +9,14 @@ position positions[i]. What a plan prunes and reuses:
 - positions after the last query are never computed (`needed`);
 - a cell whose patch cannot reach its document's query is not run (`reaches_query`: after
   the query; in the last block, after the mixer but not at the query, or at a site of the
-  mixer's read-out, such as DeltaNet's queries, too far before it: `model.query_reach()`);
+  mixer's read-out, such as DeltaNet's queries, too far before it: `query_reach`);
 - given the corrupted documents, a cell before its document's first corrupted token is not run
   either: the two documents agree there, so source and base activations (and states) agree and
   the patch is the identity (`before_corruption`); nor is a cell of a token-local site (one
   whose value at a position depends on the token there alone: the first block's input, its
-  normalised input, its mixer's input projections; `model.token_local_sites()`) at a position
+  normalised input, its mixer's input projections; `token_local_sites`) at a position
   where the two documents hold the same token (`same_token`), nor of a window-local site (a
-  short convolution's output: `model.window_local_sites()`) where they hold the same tokens
+  short convolution's output: `window_local_sites`) where they hold the same tokens
   over its window (`same_window`);
 - a cell of the first block's input at the one position where its document and the
   corruption differ gives the corrupted run the original's whole input: its results are the
@@ -24,7 +24,7 @@ position positions[i]. What a plan prunes and reuses:
 - cells of one site that equal those of a later one copy their results (`copied`): a block's
   output is the next block's input; in the last block, before the query, the block's input,
   its normalised input and its mixer's `reach_site` change the query's logits alike
-  (`model.query_alike_sites()`), and the last of them the grid holds runs; in the first block,
+  (`query_alike_sites`), and the last of them the grid holds runs; in the first block,
   where both documents hold the same token (its input, the residual, is then the same), a
   patch of the mixer's output makes the block's output the original's, as a patch of the
   block's output does;
@@ -94,9 +94,46 @@ AFTER_MIXER = ("mixer_output", "mlp_input", "mlp_output", "block_output")
 AFTER_MLP_INPUT = ("mlp_input", "mlp_output")  # (their block's output also needs its mixer's)
 
 
+def _named(model, layer: int, shorts) -> list[str]:
+    names = set(model.site_names())
+    return [f"layers.{layer}.{short}" for short in shorts if f"layers.{layer}.{short}" in names]
+
+
+def token_local_sites(model) -> list[str]:
+    """Sites whose value at a position depends on the token there (and the position) alone:
+    the first block's input, its normalised input and its mixer's `local_sites` (see
+    mecheval.layers.mixer)."""
+    return _named(model, 0, ["block_input", "mixer_input", *model.layers[0].mixer.local_sites])
+
+
+def window_local_sites(model) -> dict[str, int]:
+    """Sites of the first block whose value at a position depends on the tokens at it and the
+    n - 1 before it alone (n the entry): its mixer's `window_sites`."""
+    windows = model.layers[0].mixer.window_sites
+    return {name: windows[name.split(".", 2)[2]] for name in _named(model, 0, windows)}
+
+
+def query_alike_sites(model) -> list[str]:
+    """Sites of the last block whose patches at a position before the query change the logits
+    there alike: the block's input (its residual at that position reaches no other), its
+    normalised input and its mixer's `reach_site`, in forward order."""
+    last = len(model.layers) - 1
+    reach = model.layers[last].mixer.reach_site
+    return _named(model, last, ["block_input", "mixer_input"] + ([reach] if reach else []))
+
+
+def query_reach(model) -> dict[str, int]:
+    """Sites of the last block whose value at a position reaches the logits at that position
+    and the next n - 1 alone (n the entry): those after its mixer (the block, the final norm
+    and the head then act on each position alone: 1) and its mixer's `readout_sites`."""
+    last = len(model.layers) - 1
+    reach = dict.fromkeys(AFTER_MIXER, 1) | dict(model.layers[last].mixer.readout_sites)
+    return {name: reach[name.split(".", 2)[2]] for name in _named(model, last, reach)}
+
+
 def reaches_query(ref: SiteRef, positions: torch.Tensor, query: torch.Tensor, reach: dict):
     """Rows whose patch at `positions` can change the logits at their `query` (causality;
-    `reach`: the model's `query_reach()`, sites whose patch reaches a few positions alone)."""
+    `reach`: `query_reach(model)`, sites whose patch reaches a few positions alone)."""
     if ref.short == "state":  # the state after p feeds positions p + 1 on
         return positions < query
     if ref.name in reach:
@@ -279,7 +316,7 @@ def plan_grid(
     points = []
     if model.can_resume(0):
         points = _resume_points(model, all_positions, needed, n, memory_budget)
-    reach = model.query_reach()
+    reach = query_reach(model)
     identity = same = restores = torch.zeros_like(all_positions, dtype=torch.bool)
     if corrupted is not None:
         corrupted = torch.as_tensor(corrupted, device=device)
@@ -287,8 +324,8 @@ def plan_grid(
         same = same_token(all_positions, batch.tokens, corrupted, example)
         restores = only_difference(all_positions, batch.tokens, corrupted, example)
     local_identity = identity | same
-    token_local = set(model.token_local_sites())
-    windows = model.window_local_sites() if corrupted is not None else {}
+    token_local = set(token_local_sites(model))
+    windows = window_local_sites(model) if corrupted is not None else {}
     refs = select_sites(model, layers, sites)
     runs = {}  # site name -> the cells that change its query's logits
     for ref in refs:
@@ -298,7 +335,7 @@ def plan_grid(
             tokens, width = batch.tokens, windows[ref.name]
             skip = identity | same_window(all_positions, tokens, corrupted, example, width)
         runs[ref.name] = reaches & ~skip
-    alike = [name for name in model.query_alike_sites() if name in runs] if alike else []
+    alike = [name for name in query_alike_sites(model) if name in runs] if alike else []
     before_query = all_positions < query[example]
     plans = []
     for ref in refs:

@@ -325,44 +325,6 @@ class LanguageModel(nn.Module):
         """Every site, in the order the forward pass reaches them, e.g. "layers.0.conv_input"."""
         return list(self._sites)
 
-    def token_local_sites(self) -> list[str]:
-        """Sites whose value at a position depends on the token there (and the position) alone:
-        the first block's input, its normalised input and its mixer's `local_sites` (see
-        mecheval.layers.mixer)."""
-        mixer = self.layers[0].mixer
-        local = ["block_input", "mixer_input", *mixer.local_sites]
-        return [f"layers.0.{short}" for short in local if f"layers.0.{short}" in self._sites]
-
-    def window_local_sites(self) -> dict[str, int]:
-        """Sites of the first block whose value at a position depends on the tokens at it and
-        the n - 1 before it alone (n the entry): its mixer's `window_sites` (see
-        mecheval.layers.mixer)."""
-        windows = self.layers[0].mixer.window_sites
-        names = {f"layers.0.{short}": n for short, n in windows.items()}
-        return {name: n for name, n in names.items() if name in self._sites}
-
-    def query_alike_sites(self) -> list[str]:
-        """Sites of the last block whose patches at a position before the query change the
-        logits there alike: the block's input (its residual at that position reaches no
-        other), its normalised input and its mixer's `reach_site` (see mecheval.layers.mixer),
-        in forward order."""
-        last = len(self.layers) - 1
-        reach = self.layers[last].mixer.reach_site
-        shorts = ["block_input", "mixer_input"] + ([reach] if reach else [])
-        return [f"layers.{last}.{s}" for s in shorts if f"layers.{last}.{s}" in self._sites]
-
-    def query_reach(self) -> dict[str, int]:
-        """Sites of the last block whose value at a position reaches the logits at that
-        position and the next n - 1 alone (n the entry): those after its mixer (the block, the
-        final norm and the head then act on each position alone: 1) and its mixer's
-        `readout_sites` (see mecheval.layers.mixer)."""
-        last = len(self.layers) - 1
-        after = ("mixer_output", "mlp_input", "mlp_output", "block_output")
-        reach = {short: 1 for short in after}
-        reach.update(self.layers[last].mixer.readout_sites)
-        names = {f"layers.{last}.{short}": n for short, n in reach.items()}
-        return {name: n for name, n in names.items() if name in self._sites}
-
     def site(self, name: str) -> Site | StateSite:
         """The module of a site (forward hooks on a `Site` see its (B, L, C) activation)."""
         self._check_names([name])

@@ -198,7 +198,7 @@ def test_attribution_patching_estimates_and_ranks_cells():
 def test_metrics_equal_a_log_softmax(size):
     """The grid's metrics (one log-sum-exp per row, shifted by the row's largest logit only
     when the logits may leave the floats' range) against a plain log-softmax."""
-    from mecheval.interventions.grid import UNSHIFTED, Metrics
+    from mecheval.interventions.engine import UNSHIFTED, Metrics
 
     model = _model("attention")
     g = torch.Generator().manual_seed(0)

@@ -7,8 +7,14 @@ import numpy as np
 import pytest
 import torch
 
+from mecheval.interventions import engine, interchange_grid, per_cell_loop, plan_grid
 from mecheval.interventions import grid as grid_module
-from mecheval.interventions import interchange_grid, per_cell_loop, plan_grid
+from mecheval.interventions.plan import (
+    query_alike_sites,
+    query_reach,
+    token_local_sites,
+    window_local_sites,
+)
 from mecheval.models import ARCHITECTURES, build_model
 from mecheval.tasks import make_task
 
@@ -32,10 +38,11 @@ def test_the_plan_counts_the_forwards_the_grid_runs(arch, positions, monkeypatch
     assert list(summary["site"]) == [s.ref.short for s in plan.sites]
     assert (summary["run"] <= summary["cells"]).all()
     calls = []
-    real = grid_module.hidden_at
-    monkeypatch.setattr(
-        grid_module, "hidden_at", lambda *a, **k: calls.append(a[1]) or real(*a, **k)
-    )
+    real = engine.hidden_at
+    for module in (grid_module, engine):  # the grid's clean run, the engine's patched ones
+        monkeypatch.setattr(
+            module, "hidden_at", lambda *a, **k: calls.append(a[1]) or real(*a, **k)
+        )
     interchange_grid(model, batch, corrupted, positions=positions, memory_budget=budget)
     # + the clean run, and the corrupted run unless it runs in segments (through resume_from)
     assert plan.points
@@ -78,7 +85,7 @@ def test_cells_before_the_corruption_are_not_run():
             assert (plan.positions[cells] >= first[plan.example[cells]]).all()
         # Only cells at or just before the query run at the sites that reach a few positions
         # (after the last mixer, the last queries' convs): none of them lies before the key.
-        near_query = site.ref.name in model.query_reach()
+        near_query = site.ref.name in query_reach(model)
         assert len(site.live) + len(site.copied) < before_site or near_query
 
 
@@ -91,7 +98,7 @@ def test_token_local_sites_depend_on_their_own_token_alone(arch):
     batch = TASK.sample(4, seed=1, split="dev")
     changed, at = batch.tokens.clone(), 5
     changed[:, at] = (changed[:, at] + 1 - 3) % (TASK.vocab_size - 3) + 3
-    local = model.token_local_sites()
+    local = token_local_sites(model)
     assert {"layers.0.block_input", "layers.0.mixer_input"} <= set(local)
     assert all(name.startswith("layers.0.") for name in local)
     reads = {name: None for name in model.site_names() if name.startswith("layers.0.")}
@@ -127,7 +134,7 @@ def test_token_local_cells_where_the_documents_agree_are_not_run(arch):
     that they restore nothing."""
     model, batch, corrupted = _setup(arch)
     plan = plan_grid(model, batch, positions=["all"], corrupted=corrupted)
-    local = set(model.token_local_sites())
+    local = set(token_local_sites(model))
     same = batch.tokens[plan.example, plan.positions] == corrupted[plan.example, plan.positions]
     loop = per_cell_loop(model, batch, corrupted, layers=0, positions=["all"])
     for site in plan.sites:
@@ -168,7 +175,7 @@ def test_window_local_sites_depend_on_their_window_alone(arch):
     positions after it; the plan runs none of those cells, and the per-cell loop (the
     oracle) finds that they restore nothing."""
     model, batch, corrupted = _setup(arch)
-    windows = model.window_local_sites()
+    windows = window_local_sites(model)
     assert windows and all(n > 1 for n in windows.values())
     changed, at = batch.tokens.clone(), 5
     changed[:, at] = (changed[:, at] + 1 - 3) % (TASK.vocab_size - 3) + 3
@@ -199,7 +206,7 @@ def test_query_alike_sites_restore_alike_before_the_query(arch):
     last block, at every position before the query, those sites' patches give the same
     results; the plan runs them at the last of them and copies them to the others."""
     model, batch, corrupted = _setup(arch)
-    alike = model.query_alike_sites()
+    alike = query_alike_sites(model)
     last = len(model.layers) - 1
     shorts = [name.split(".", 2)[2] for name in alike]
     assert shorts[:2] == ["block_input", "mixer_input"]
@@ -257,7 +264,7 @@ def test_readout_sites_reach_the_query_from_nearby_alone(arch):
     of such a site restores nothing at positions `reach` or more before the query, and the
     plan does not run those cells."""
     model, batch, corrupted = _setup(arch)
-    reach = model.query_reach()
+    reach = query_reach(model)
     last = len(model.layers) - 1
     after = {"mixer_output", "block_output"} | ({"mlp_output"} if arch != "mamba" else set())
     readout = READOUT[arch]
