@@ -55,3 +55,18 @@ def test_a_kind_writes_its_table_and_stamp(run, kind, options, rows):
 def test_a_bad_kind_or_option_is_one_line(run, capsys, argv, words):
     code, line = cli_line(["evaluate", str(run), *argv], capsys)
     assert code == 2 and words in line
+
+
+def test_the_kinds_tables_summarise_and_screens_agree(run):
+    from mecheval.evaluation.kind_report import kind_sections, kind_tables, screen_agreement
+
+    for kind, options in (("path", "layers=[0,1]"), ("eap", "layers=[0,1]")):
+        assert cli.main(["evaluate", str(run), "--kind", kind, "--option", options]) == 0
+    runs = pd.DataFrame({"run": [run.name], "path": [str(run)]})
+    tables = kind_tables(runs)
+    assert {"path", "eap"} <= set(tables)
+    assert {"route", "value", "low", "high"} <= set(tables["path"].columns)
+    agreement = screen_agreement(tables)  # a 4-step model: its cells may have no effect
+    assert set(agreement.screen) == {"eap"} and set(agreement.run) == {run.name}
+    titles = [title for title, _, _ in kind_sections(runs)]
+    assert "EAP against exact path patching" in titles

@@ -1,0 +1,88 @@
+"""The report's section of each intervention kind a run folder holds beside the grid
+(`mecheval evaluate --kind NAME`, mecheval.evaluation.kinds): a row per (run, corruption,
+cell) of the kind's own `summary`, and, where a run holds exact path patching and its EAP
+screens, how well each screen ranks the path cells as path patching does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mecheval.evaluation.kinds import evaluated_kinds
+from mecheval.interventions.kinds import make_intervention
+from mecheval.run_folder import files
+
+SCREENS = ("eap", "eap_ig")
+IDENTITY = ("run", "arch", "d_model", "n_layers", "lr", "task", "step")
+
+
+def kind_tables(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Kind (name or import path) -> the summaries of every given run that holds its table:
+    the run's identity, corruption, the kind's summary columns. `runs`: the report's run table
+    (a `path` and `run` column)."""
+    found: dict[str, list[pd.DataFrame]] = {}
+    for run in runs.itertuples():
+        folder = Path(run.path)
+        for name, kind in evaluated_kinds(folder).items():
+            stamp = files.read_stamp(folder, name.removesuffix(".parquet") + ".json")
+            chosen = make_intervention(kind, **_options(stamp["settings"].get("options", {})))
+            table = files.read_table(folder, name)
+            for corruption, part in table.groupby("corruption", sort=False):
+                summary = chosen.summary(part.drop(columns=[c for c in IDENTITY if c in part]))
+                summary.insert(0, "corruption", corruption)
+                summary.insert(0, "run", run.run)
+                found.setdefault(kind, []).append(summary)
+    return {kind: pd.concat(parts, ignore_index=True) for kind, parts in found.items()}
+
+
+def _options(options: dict) -> dict:
+    """Stored options (lists) as the kinds take them (tuples)."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
+
+
+def screen_agreement(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Per run, corruption and screen (EAP, EAP-IG): Spearman's rank correlation between the
+    screen's estimated shares and path patching's exact ones over the path cells (layer,
+    position, route), and how many cells it is over."""
+    if "path" not in tables:
+        return pd.DataFrame()
+    keys = ["run", "corruption", "layer", "position", "route"]
+    exact = tables["path"][[*keys, "value"]]
+    rows = []
+    for screen in SCREENS:
+        if screen not in tables:
+            continue
+        merged = exact.merge(tables[screen][[*keys, "value"]], on=keys, suffixes=("", "_est"))
+        for (run, corruption), part in merged.groupby(["run", "corruption"], sort=False):
+            part = part.dropna(subset=["value", "value_est"])
+            rho = np.nan
+            if len(part) > 2:
+                rho = float(part["value"].rank().corr(part["value_est"].rank()))
+            rows.append(
+                {"run": run, "corruption": corruption, "screen": screen,
+                 "spearman": rho, "cells": len(part)}
+            )  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def kind_sections(runs: pd.DataFrame) -> list[tuple[str, pd.DataFrame, str]]:
+    """(title, table, note) per kind the runs hold tables of, in registration order: the
+    kind's summaries (value with its interval where it has one), and for path patching the
+    screens' agreement with it."""
+    tables = kind_tables(runs)
+    sections = []
+    for kind, table in tables.items():
+        chosen = make_intervention(kind) if kind in ("path", *SCREENS) else None
+        title = (chosen.title if chosen else "") or f"Intervention kind {kind}"
+        note = f"`mecheval evaluate PATH --kind {kind}`; a row per run, corruption and cell."
+        sections.append((title, table, note))
+    agreement = screen_agreement(tables)
+    if len(agreement):
+        note = (
+            "Spearman's rank correlation of each screen's estimated route shares with path "
+            "patching's exact ones, over the path cells of a run."
+        )
+        sections.append(("EAP against exact path patching", agreement, note))
+    return sections
