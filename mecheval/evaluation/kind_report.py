@@ -55,7 +55,9 @@ def screen_agreement(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
         if screen not in tables:
             continue
         merged = exact.merge(tables[screen][[*keys, "value"]], on=keys, suffixes=("", "_est"))
-        for (run, corruption), part in merged.groupby(["run", "corruption"], sort=False):
+        pairs = tables[screen][["run", "corruption"]].drop_duplicates()
+        for run, corruption in pairs.itertuples(index=False):
+            part = merged[(merged["run"] == run) & (merged["corruption"] == corruption)]
             part = part.dropna(subset=["value", "value_est"])
             rho = np.nan
             if len(part) > 2:
@@ -64,7 +66,7 @@ def screen_agreement(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
                 {"run": run, "corruption": corruption, "screen": screen,
                  "spearman": rho, "cells": len(part)}
             )  # fmt: skip
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=["run", "corruption", "screen", "spearman", "cells"])
 
 
 def kind_sections(runs: pd.DataFrame) -> list[tuple[str, pd.DataFrame, str]]:
