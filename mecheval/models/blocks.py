@@ -21,6 +21,7 @@ from torch import nn
 from mecheval.layers import MLP, Mixer, MixerError, Site
 from mecheval.layers.resume import Resume, pick
 from mecheval.models.config import ModelConfig
+from mecheval.models.registry import BLOCKS
 
 # A block's own sites, in forward order: a mixer's sites may not take these names.
 BLOCK_SITES = (
@@ -150,7 +151,8 @@ class PreNormBlock(Block):
         return residual + self.mlp_output(self.mlp(self.mlp_input(self.norm2(residual))))
 
 
-BLOCKS = {"transformer": TransformerBlock, "mamba": MambaBlock}
+# The class of each block kind the registry names (mecheval.models.registry.BLOCKS).
+BLOCK_CLASSES = dict(zip(BLOCKS, (TransformerBlock, MambaBlock), strict=True))
 
 
 def _check_mixer(mixer: object) -> None:
@@ -185,5 +187,5 @@ def _idle(*sites: Site) -> bool:
 
 def build_block(config: ModelConfig, layer_idx: int) -> nn.Module:
     """Block `layer_idx` of the model `config` describes, its mixer built by the registry."""
-    block = BLOCKS[config.block_kind(layer_idx)]
+    block = BLOCK_CLASSES[config.block_kind(layer_idx)]
     return block(config.d_model, config.mixer(layer_idx))
