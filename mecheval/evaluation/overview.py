@@ -196,7 +196,7 @@ def _draw_cell(fig: TipFigure, left: float, y: float, row: pd.Series, key: str) 
     box = Rectangle((left + 0.03, y + 0.03), CELL_W - 0.06, ROW_H - 0.06, lw=0.6)
     if _blank(value):
         box.set(facecolor="none", edgecolor="#dddddd")
-        fig.add(box, f"{model}\n{key}: none (no short conv)")
+        fig.add(box, f"{model}\n{what}: no read-out (no short conv, or not patched there)")
         return
     box.set(facecolor=ATTRIB_COLOURS(ATTRIB_RANGE(value)), edgecolor="white")
     interval = _interval(row, key)

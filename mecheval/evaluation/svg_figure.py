@@ -61,6 +61,7 @@ class TipFigure:
             text,
             count=1,
         )
+        text = re.sub(r'(<a xlink:href="#[^"]*") target="_blank"', r"\1", text)  # in-page links
         return re.sub(r'<g id="(tip-\d+)">', self._titled, text)
 
     def _titled(self, match: re.Match) -> str:

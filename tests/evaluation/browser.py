@@ -46,7 +46,8 @@ addEventListener("load", () => {
     images: [...document.images].map(i => ({src: i.getAttribute("src"),
                                             loaded: i.complete && i.naturalWidth > 0})),
     tables: [...document.querySelectorAll("table")].map(t => ({
-      ...box(t), head: t.querySelector("th") ? t.querySelector("th").textContent : ""})),
+      ...box(t), head: t.querySelector("th") ? t.querySelector("th").textContent : "",
+      box: box(t.closest(".scroll") || t)})),
     figure: figure ? box(figure) : null,
     svgs: [...document.querySelectorAll("svg")].map(s => ({id: s.parentElement.id, ...box(s)})),
     links: [...document.querySelectorAll("svg a")].map(a =>
