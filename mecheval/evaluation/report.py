@@ -3,7 +3,9 @@ mechanism side by side.
 
     build_report(path) -> path/report/{report.md, report.html, *.png, *.parquet}
 
-Contents:
+Contents (report.html lays them out: mecheval.evaluation.report_html):
+- the overview figure, which architecture uses which mechanism with what certainty, and the
+  findings' verdicts beside it (mecheval.evaluation.overview);
 - how many run folders it found, by status (finished, diverged, failed, incomplete,
   unreadable: mecheval.run_folder.status), and a table of every one of them; the findings and
   accuracy tables say how many runs they rest on (the finished ones; a result.json that cannot
@@ -19,9 +21,11 @@ Contents:
 - the read-outs inside each layer's short conv (its output at value, value+1, value+2);
 - mechanisms over training: when each read-out first reaches 0.5, and a plot;
 - accuracy and read-outs by key-to-query distance;
+- DAS's k* (mecheval.evaluation.das_tables);
 - Attrib heatmaps of each selected run, and a value-vs-query scatter.
-The tables are also written as Parquet (evidence, findings, over_training, distance,
-run_folders). A stored table that cannot be read stops the report with an error naming it.
+A section with nothing to show names the command that fills it. The tables are also written as
+Parquet (evidence, findings, over_training, distance, das_iia, das_k_star, run_folders). A
+stored table that cannot be read stops the report with an error naming it.
 """
 
 from __future__ import annotations
@@ -243,7 +247,6 @@ def _markdown(frame: pd.DataFrame) -> str:
 class _Heatmap:
     run: str
     anchor: str  # the HTML element's id
-    title: str
     png: str
     svg: str
 
@@ -262,7 +265,7 @@ def _heatmaps(best: pd.DataFrame, out: Path) -> list[_Heatmap]:
             continue
         name = heatmap_name(run)
         fig.save_png(out / name)
-        drawn.append(_Heatmap(run["run"], name.removesuffix(".png"), title, name, fig.svg()))
+        drawn.append(_Heatmap(run["run"], name.removesuffix(".png"), name, fig.svg()))
         fig.close()
     return drawn
 

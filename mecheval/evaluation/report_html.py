@@ -8,6 +8,7 @@ inside its own box; the findings' evidence is a line per model, its details a cl
 from __future__ import annotations
 
 import html
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,7 +63,7 @@ def _table(frame: pd.DataFrame, css: str = "") -> str:
     for values in frame.itertuples(index=False):
         cells = []
         for column, value in zip(frame.columns, values, strict=True):
-            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            number = isinstance(value, numbers.Number) and not isinstance(value, bool)
             cls = ' class="num"' if number else ""
             cells.append(f"<td{cls}>{html.escape(cell_text(value, str(column)))}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
