@@ -62,6 +62,7 @@ from mecheval.evaluation.plots import (
     heatmap_name,
     iia_vs_k,
     over_training,
+    two_places,
     value_vs_query,
 )
 from mecheval.evaluation.report_html import Page, write_html
@@ -179,13 +180,13 @@ def _with_interval(frame: pd.DataFrame, name: str) -> pd.Series:
         value = row.get(name)
         if value is None or pd.isna(value):
             return ""
-        text = f"{value:.2f}"
+        text = two_places(value)
         low = row.get(f"{name}_low")
         if low is not None and not pd.isna(low):
-            text += f" [{low:.2f}, {row[f'{name}_high']:.2f}]"
+            text += f" [{two_places(low)}, {two_places(row[f'{name}_high'])}]"
         seeds_low = row.get(f"{name}_seeds_low")
         if seeds_low is not None and not pd.isna(seeds_low):
-            text += f" seeds [{seeds_low:.2f}, {row[f'{name}_seeds_high']:.2f}]"
+            text += f" seeds [{two_places(seeds_low)}, {two_places(row[f'{name}_seeds_high'])}]"
         return text
 
     return frame.apply(cell, axis=1)
@@ -480,7 +481,8 @@ def _markdown_findings(findings: pd.DataFrame) -> list[str]:
             for ours in findings["ours"]
         ]
     )
-    md = [_markdown(short), "In full (intervals, seeds, every task setting):", ""]
+    columns = ["finding", "claim", "verdict", "ours", "study", "smallest_setting"]
+    md = [_markdown(short[columns]), "In full (intervals, seeds, every task setting):", ""]
     for row in findings.itertuples():
         for setting, verdict, lines in evidence_lines(row.ours):
             where = f", {setting} ({verdict})" if setting else ""
