@@ -147,9 +147,8 @@ def layout(table: pd.DataFrame, findings: pd.DataFrame) -> list[tuple[str, float
     items, y = [], HEAD_H + 0.1
     for task in tasks:
         items.append(("task", y, task))
-        top, left = y, y + TASK_H
+        top, y = y, y + TASK_H
         part = table[table["task"] == task] if len(table) else table
-        y = left
         if part.empty:
             items.append(("none", y, task))
             y += ROW_H
