@@ -57,7 +57,7 @@ class Page:
     figures: list[str]
 
 
-def _table(frame: pd.DataFrame, css: str = "") -> str:
+def _table(frame: pd.DataFrame) -> str:
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
     rows = []
     for values in frame.itertuples(index=False):
@@ -67,8 +67,7 @@ def _table(frame: pd.DataFrame, css: str = "") -> str:
             cls = ' class="num"' if number else ""
             cells.append(f"<td{cls}>{html.escape(cell_text(value, str(column)))}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    table = f'<table class="{css}">' if css else "<table>"
-    return f'<div class="scroll">{table}<tr>{head}</tr>{"".join(rows)}</table></div>'
+    return f'<div class="scroll"><table><tr>{head}</tr>{"".join(rows)}</table></div>'
 
 
 def verdict_badge(verdict: str) -> str:
@@ -119,8 +118,8 @@ def _section(section: Section) -> list[str]:
             body.append(f"<h3>{html.escape(setting)}</h3>")
         body.append(_table(rows))
     if section.collapsed:
-        rows = f"{len(section.table)} rows"
-        body = [f"<details><summary>show the table ({rows})</summary>", *body, "</details>"]
+        summary = f"<details><summary>show the table ({len(section.table)} rows)</summary>"
+        body = [summary, *body, "</details>"]
     return parts + body
 
 
