@@ -55,8 +55,11 @@ def cell_text(value, column: str = "") -> str:
         return "yes" if value else "no"
     if isinstance(value, float) and (column in INTEGER_COLUMNS or column.endswith("_from")):
         return f"{value:.0f}" if value == int(value) else f"{value:.3g}"
+    if isinstance(value, float) and column == "lr":
+        return f"{value:g}"
     if isinstance(value, float):
-        return f"{value:g}" if column == "lr" else f"{value:.3f}"
+        text = f"{value:.3f}"
+        return "0.000" if text == "-0.000" else text  # a tiny negative reads as zero
     return " ".join(str(value).split())
 
 

@@ -41,14 +41,16 @@ VERDICT_COLOURS = {
 LABEL_W, ACC_W, CELL_W, GAP_W, FINDINGS_W = 2.0, 0.62, 0.92, 0.18, 4.3
 ROW_H, HEAD_H, TASK_H, SETTING_H = 0.36, 0.58, 0.3, 0.26
 CLAIM_WIDTH = 62  # characters per line of a finding's claim
+NO_EFFECT = "no effect"  # mecheval.interventions.readout's label where corrupting changed nothing
 
 
 def overview_table(evidence: pd.DataFrame) -> pd.DataFrame:
     """One row per (task, setting, arch) among the evaluated 2-layer models of `evidence` (the
     report's evidence table): the most accurate width (ties: the smaller), with its identity,
-    dev_accuracy, seeds, the read-outs (`name`, `name_low`, `name_high`, `name_seeds_low`,
-    `name_seeds_high`) and layer 0's conv read-outs as `conv@<position>` (with `_low`, `_high`
-    and `_site`, the conv it is). Ordered by task, setting, then arch as first seen."""
+    dev_accuracy, seeds, mechanism, the read-outs (`name`, `name_low`, `name_high`,
+    `name_seeds_low`, `name_seeds_high`) and layer 0's conv read-outs as `conv@<position>` (with
+    `_low`, `_high` and `_site`, the conv it is). Ordered by task, setting, then arch as first
+    seen."""
     if evidence.empty or "mechanism" not in evidence:
         return pd.DataFrame()
     shown = evidence[(evidence["n_layers"] == 2) & evidence["mechanism"].notna()]
@@ -62,6 +64,7 @@ def overview_table(evidence: pd.DataFrame) -> pd.DataFrame:
     for _, run in shown.iterrows():
         row = {k: run.get(k) for k in ("run", "task", "setting", "arch", "d_model", "lr")}
         row.update(dev_accuracy=run["dev_accuracy"], seeds=run.get("seeds"))
+        row["mechanism"] = run["mechanism"]
         for name in READOUTS:
             for suffix in ("", "_low", "_high", "_seeds_low", "_seeds_high"):
                 row[name + suffix] = run.get(name + suffix)
@@ -195,7 +198,11 @@ def _draw_cell(fig: TipFigure, left: float, y: float, row: pd.Series, key: str) 
     box = Rectangle((left + 0.03, y + 0.03), CELL_W - 0.06, ROW_H - 0.06, lw=0.6)
     if _blank(value):
         box.set(facecolor="none", edgecolor="#dddddd")
-        fig.add(box, f"{model}\n{what}: no read-out (no short conv, or not patched there)")
+        why = "no short conv, or not patched there"
+        if key in READOUTS and row.get("mechanism") == NO_EFFECT:  # the row says so in words
+            why = "corrupting the key leaves the model's answer as it was"
+            box.set_edgecolor("none")
+        fig.add(box, f"{model}\n{what}: no read-out ({why})")
         return
     box.set(facecolor=ATTRIB_COLOURS(ATTRIB_RANGE(value)), edgecolor="white")
     interval = _interval(row, key)
@@ -244,6 +251,18 @@ def _draw_row(fig: TipFigure, x: dict[str, float], y: float, row: pd.Series, lin
     )
     for key, _, _ in _columns():
         _draw_cell(fig, x[key], y, row, key)
+    if row.get("mechanism") == NO_EFFECT:
+        centre = (x["induction"] + x["direct_late"] + CELL_W) / 2
+        ax.text(
+            centre,
+            y + ROW_H / 2,
+            "no effect: the corrupted key changes no answer",
+            fontsize=7.5,
+            style="italic",
+            ha="center",
+            va="center",
+            color="#666",
+        )
 
 
 def _draw_finding(fig: TipFigure, left: float, y: float, finding: pd.Series) -> None:

@@ -22,6 +22,7 @@ def test_missing_values_are_blank_and_numbers_read_as_numbers():
     assert cell_text(3e-4, "lr") == "0.0003" and cell_text(1e-3, "lr") == "0.001"
     assert cell_text(0.98765, "dev_accuracy") == "0.988"
     assert cell_text(-0.00197, "direct_late") == "-0.002"
+    assert cell_text(-0.0003, "direct_late") == "0.000"
     assert cell_text(True) == "yes" and cell_text("two\nlines |") == "two lines |"
 
 

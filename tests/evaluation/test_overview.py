@@ -84,6 +84,17 @@ def test_the_svg_shows_every_value_on_hover_and_links_to_the_heatmaps(tmp_path):
     assert png.shape[1] > 1200 and png.shape[0] > 500  # 110 dpi, 13 inches wide
 
 
+def test_a_model_whose_answer_the_corruption_leaves_alone_says_so(tmp_path):
+    evidence = study_like()
+    noconv = evidence["arch"] == "mamba_noconv"
+    for name in ("induction", "direct_early", "direct_late"):
+        evidence.loc[noconv, [name, f"{name}_low", f"{name}_high"]] = float("nan")
+    evidence.loc[noconv, "mechanism"] = "no effect"  # as mecheval.interventions.readout labels it
+    _, svg = write_overview(evidence, _findings(evidence), tmp_path, {})
+    assert svg.count("no effect: the corrupted key changes no answer") == 2  # AR and ATR
+    assert svg.count("no read-out (corrupting the key leaves the model&#x27;s answer") == 6
+
+
 def test_short_claims_drop_the_task_and_the_detail():
     assert short_claim("AR: attention and Based solve it by induction (Attrib at value)") == (
         "Attention and Based solve it by induction"
