@@ -1,8 +1,12 @@
-"""The report's figures, as PNG files: Attrib heatmaps, the value-vs-query scatter, the
-read-outs over training, and DAS's IIA against k."""
+"""The report's figures: Attrib heatmaps (PNG, and SVG with values on hover:
+mecheval.evaluation.svg_figure), and as PNG the value-vs-query scatter, the read-outs over
+training and DAS's IIA against k."""
 
 from __future__ import annotations
 
+import hashlib
+import math
+import re
 from pathlib import Path
 
 import matplotlib
@@ -10,28 +14,146 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.colors import Normalize  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
+
+from mecheval.evaluation.svg_figure import TipFigure  # noqa: E402
+
+ATTRIB_COLOURS = plt.get_cmap("RdBu_r")
+ATTRIB_RANGE = Normalize(-1.0, 1.0)  # the Attrib colour scale of every figure
 
 
-def heatmap(cells: pd.DataFrame, title: str, out: Path, name: str) -> str | None:
-    """(layer, site) x position Attrib of one run's grid (an `attrib` table)."""
+def two_places(value: float) -> str:
+    """`value` to 2 decimals, never "-0.00" (a tiny negative Attrib reads as no effect)."""
+    text = f"{value:.2f}"
+    return "0.00" if text == "-0.00" else text
+
+
+def heatmap_name(run: pd.Series) -> str:
+    """The PNG file name of a selected run's heatmap: task, architecture, width, depth and a
+    short hash of its setting (two settings of one task stay apart), in characters that every
+    operating system allows (an import path's ':' and '.' become '-')."""
+    setting = hashlib.sha1(str(run["setting"]).encode()).hexdigest()[:6]
+    stem = f"heatmap_{run['task']}_{run['arch']}_d{run['d_model']}_l{run['n_layers']}_{setting}"
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", stem) + ".png"
+
+
+def _heatmap_rows(cells: pd.DataFrame) -> list[tuple[int, str]]:
+    """(layer, site) in layer order, then the grid's site order (the model's data flow)."""
+    pairs = list(dict.fromkeys(zip(cells["layer"], cells["site"], strict=True)))
+    return sorted(pairs, key=lambda pair: (pair[0], pairs.index(pair)))
+
+
+def _heatmap_positions(cells: pd.DataFrame, grid: pd.DataFrame | None) -> list[str]:
+    """The patched positions in document order (their mean index in `grid`), else as given."""
+    positions = list(dict.fromkeys(cells["position"]))
+    if grid is None or "position_index" not in grid:
+        return positions
+    where = grid.groupby("position")["position_index"].mean()
+    return sorted(positions, key=lambda p: (where.get(p, float("inf")), positions.index(p)))
+
+
+def heatmap(
+    cells: pd.DataFrame,
+    title: str,
+    outlined: dict[str, tuple[int, str, str]] | None = None,
+    grid: pd.DataFrame | None = None,
+) -> TipFigure | None:
+    """The Attrib heatmap of one run: a row per (layer, site), grouped by layer, a column per
+    position in document order (`grid`, the run's key-corruption grid, gives the order), the
+    value in each cell and on hover; `outlined` (name -> (layer, site, position): the
+    read-outs) boxed; `title`'s second line (after a newline) in italics. `cells`: an `attrib`
+    table. None when `cells` is empty."""
     if cells.empty:
         return None
-    cells = cells.assign(row="L" + cells["layer"].astype(str) + " " + cells["site"])
-    order = list(dict.fromkeys(cells.sort_values(["layer"], kind="stable")["row"]))
-    columns = list(dict.fromkeys(cells["position"]))
-    grid = cells.pivot(index="row", columns="position", values="attrib").reindex(
-        index=order, columns=columns
+    rows, positions = _heatmap_rows(cells), _heatmap_positions(cells, grid)
+    by_cell = cells.set_index(["layer", "site", "position"])
+    layers = list(dict.fromkeys(layer for layer, _ in rows))
+    top, left, cell_w, cell_h = 1.05, 2.1, 0.78, 0.3
+    height = top + len(rows) * cell_h + 0.12 * len(layers) + 0.6
+    head, _, sub = title.partition("\n")
+    text_w = 0.1 + 0.075 * max(len(head), len(sub)) + 0.2  # DejaVu Sans at 9 pt, about
+    fig = TipFigure(max(left + cell_w * len(positions) + 0.2, text_w), height)
+    ax = fig.ax
+    ax.text(0.1, 0.22, head, fontsize=9.5, weight="bold", va="center")
+    ax.text(0.1, 0.45, sub, fontsize=8.5, style="italic", va="center")
+    for j, position in enumerate(positions):
+        ax.text(left + (j + 0.5) * cell_w, top - 0.15, position, fontsize=8.5, ha="center")
+    boxed = {cell: name for name, cell in (outlined or {}).items()}
+    y = top
+    for layer in layers:
+        sites = [site for lay, site in rows if lay == layer]
+        ax.text(0.1, y + len(sites) * cell_h / 2, f"layer {layer}", fontsize=9, va="center")
+        for site in sites:
+            ax.text(left - 0.08, y + cell_h / 2, site, fontsize=8, ha="right", va="center")
+            for j, position in enumerate(positions):
+                key = (layer, site, position)
+                if key in by_cell.index:
+                    _heatmap_cell(
+                        fig,
+                        left + j * cell_w,
+                        y,
+                        cell_w,
+                        cell_h,
+                        by_cell.loc[key],
+                        key,
+                        boxed.get(key),
+                    )
+            y += cell_h
+        y += 0.12
+    ax.text(
+        0.1,
+        y + 0.25,
+        "Attrib: -1 (blue) to 1 (red); boxed: the read-outs; hover a cell for its probabilities",
+        fontsize=7.5,
+        va="center",
+        color="#444",
     )
-    fig, ax = plt.subplots(figsize=(1.1 * len(columns) + 3, 0.32 * len(order) + 1.5))
-    image = ax.imshow(grid.to_numpy(dtype=float), cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
-    ax.set_xticks(range(len(columns)), columns, rotation=45, ha="right")
-    ax.set_yticks(range(len(order)), order, fontsize=8)
-    ax.set_title(title)
-    fig.colorbar(image, ax=ax, label="Attrib")
-    fig.tight_layout()
-    fig.savefig(out / name, dpi=110)
-    plt.close(fig)
-    return name
+    return fig
+
+
+def _heatmap_cell(
+    fig: TipFigure,
+    x: float,
+    y: float,
+    w: float,
+    h: float,
+    cell: pd.Series,
+    key: tuple[int, str, str],
+    readout: str | None,
+) -> None:
+    value = float(cell["attrib"])
+    colour = "#f0f0f0" if math.isnan(value) else ATTRIB_COLOURS(ATTRIB_RANGE(value))
+    box = Rectangle(
+        (x + 0.02, y + 0.02),
+        w - 0.04,
+        h - 0.04,
+        facecolor=colour,
+        edgecolor="black" if readout else "none",
+        lw=1.4 if readout else 0,
+    )
+    layer, site, position = key
+    tip = f"layer {layer} {site} at {position}" + (f" ({readout})" if readout else "")
+    tip += f": Attrib {value:.3f}"
+    if "p_restored" in cell:
+        tip += (
+            f"\np restored {cell['p_restored']:.3f}, corrupted {cell['p_corrupted']:.3f}, "
+            f"original {cell['p_original']:.3f}"
+        )
+    if "n" in cell:
+        tip += f"; {int(cell['n'])} documents"
+    fig.add(box, tip)
+    if not math.isnan(value):
+        ink = "white" if abs(value) > 0.55 else "black"
+        fig.ax.text(
+            x + w / 2,
+            y + h / 2,
+            two_places(value),
+            fontsize=7.5,
+            ha="center",
+            va="center",
+            color=ink,
+        )
 
 
 def value_vs_query(evidence: pd.DataFrame, out: Path) -> str | None:

@@ -3,7 +3,9 @@ mechanism side by side.
 
     build_report(path) -> path/report/{report.md, report.html, *.png, *.parquet}
 
-Contents:
+Contents (report.html lays them out: mecheval.evaluation.report_html):
+- the overview figure, which architecture uses which mechanism with what certainty, and the
+  findings' verdicts beside it (mecheval.evaluation.overview);
 - how many run folders it found, by status (finished, diverged, failed, incomplete,
   unreadable: mecheval.run_folder.status), and a table of every one of them; the findings and
   accuracy tables say how many runs they rest on (the finished ones; a result.json that cannot
@@ -19,9 +21,11 @@ Contents:
 - the read-outs inside each layer's short conv (its output at value, value+1, value+2);
 - mechanisms over training: when each read-out first reaches 0.5, and a plot;
 - accuracy and read-outs by key-to-query distance;
+- DAS's k* (mecheval.evaluation.das_tables);
 - Attrib heatmaps of each selected run, and a value-vs-query scatter.
-The tables are also written as Parquet (evidence, findings, over_training, distance,
-run_folders). A stored table that cannot be read stops the report with an error naming it.
+A section with nothing to show names the command that fills it. The tables are also written as
+Parquet (evidence, findings, over_training, distance, das_iia, das_k_star, run_folders). A
+stored table that cannot be read stops the report with an error naming it.
 """
 
 from __future__ import annotations
@@ -49,11 +53,21 @@ from mecheval.evaluation.das_tables import (
     iia_table,
     k_star_table,
 )
+from mecheval.evaluation.display import Section, by_setting, cell_text, evidence_lines, short_line
 from mecheval.evaluation.findings import findings_table
 from mecheval.evaluation.over_training import CONV_POSITIONS, parse_conv_column
-from mecheval.evaluation.plots import heatmap, iia_vs_k, over_training, value_vs_query
+from mecheval.evaluation.overview import write_overview
+from mecheval.evaluation.plots import (
+    heatmap,
+    heatmap_name,
+    iia_vs_k,
+    over_training,
+    two_places,
+    value_vs_query,
+)
+from mecheval.evaluation.report_html import Page, write_html
 from mecheval.evaluation.study_numbers import at_study_scale, study_accuracy
-from mecheval.interventions import MECHANISM_THRESHOLD, attrib
+from mecheval.interventions import MECHANISM_THRESHOLD, attrib, readout_cells
 from mecheval.io import atomic_write_parquet
 from mecheval.run_folder.files import INTERVENTIONS, read_result, read_table
 from mecheval.run_folder.provenance import check_code, evaluated_with
@@ -61,6 +75,15 @@ from mecheval.run_folder.status import FINISHED, status_counts, status_table
 from mecheval.tasks import make_task
 
 MODEL = ["task", "setting", "arch", "d_model", "n_layers"]
+OVERVIEW = "overview.png"
+OVERVIEW_NOTE = (
+    "Which architecture uses which mechanism: the Attrib of restoring layer 1's block input at "
+    "the value (induction), the query (direct retrieval, early) and the key (direct, late), and "
+    "layer 0's short conv output at the value and the two positions after it, key corrupted; "
+    "each architecture at its most accurate width (every width: Mechanism), its 2-layer "
+    "evaluated models only. Beside each task, the study's findings and their verdicts (Findings). "
+    "In report.html, hover a cell for its values; an architecture's name links to its heatmap."
+)
 
 
 def task_setting(task_section: dict, steps: int) -> str:
@@ -158,13 +181,13 @@ def _with_interval(frame: pd.DataFrame, name: str) -> pd.Series:
         value = row.get(name)
         if value is None or pd.isna(value):
             return ""
-        text = f"{value:.2f}"
+        text = two_places(value)
         low = row.get(f"{name}_low")
         if low is not None and not pd.isna(low):
-            text += f" [{low:.2f}, {row[f'{name}_high']:.2f}]"
+            text += f" [{two_places(low)}, {two_places(row[f'{name}_high'])}]"
         seeds_low = row.get(f"{name}_seeds_low")
         if seeds_low is not None and not pd.isna(seeds_low):
-            text += f" seeds [{seeds_low:.2f}, {row[f'{name}_seeds_high']:.2f}]"
+            text += f" seeds [{two_places(seeds_low)}, {two_places(row[f'{name}_seeds_high'])}]"
         return text
 
     return frame.apply(cell, axis=1)
@@ -212,36 +235,41 @@ def conv_display(evidence: pd.DataFrame) -> pd.DataFrame:
 
 
 def _markdown(frame: pd.DataFrame) -> str:
-    if frame.empty:
-        return "_none_\n"
-    shown = frame.copy()
-    for column in shown.columns:
-        if shown[column].dtype.kind == "f":
-            shown[column] = shown[column].map(lambda v: "" if pd.isna(v) else f"{v:.3f}")
-
-    def cell(value) -> str:  # one line, no column break (error messages hold both)
-        missing = value is None or value is pd.NA or (isinstance(value, float) and value != value)
-        text = "" if missing else str(value)
-        return " ".join(text.split()).replace("|", "\\|")
-
+    shown = frame.astype(object)
     header = "| " + " | ".join(map(str, shown.columns)) + " |"
     rule = "|" + "---|" * len(shown.columns)
-    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in shown.itertuples(index=False)]
+    body = [
+        "| " + " | ".join(cell_text(v, str(c)).replace("|", "\\|") for c, v in row.items()) + " |"
+        for _, row in shown.iterrows()
+    ]
     return "\n".join([header, rule, *body]) + "\n"
 
 
-def _heatmaps(best: pd.DataFrame, out: Path) -> list[str]:
-    names = []
+@dataclass(frozen=True)
+class _Heatmap:
+    run: str
+    anchor: str  # the HTML element's id
+    png: str
+    svg: str
+
+
+def _heatmaps(best: pd.DataFrame, out: Path) -> list[_Heatmap]:
+    """The Attrib heatmap of each evaluated selected run: PNG written into `out`, SVG kept."""
+    drawn = []
     for _, run in best[best["evaluated"]].iterrows():
-        cells = attrib(key_grid(run["path"]))
+        grid = key_grid(run["path"])
         title = (
-            f"{run['task']} {run['arch']} d={run['d_model']}: Attrib, key corrupted "
-            f"(acc {run['dev_accuracy']:.2f})"
+            f"{run['arch']} d{run['d_model']}, {run['n_layers']} layers, lr {run['lr']:g}: "
+            f"Attrib, key corrupted (dev acc {run['dev_accuracy']:.2f})\n{run['setting']}"
         )
-        name = f"heatmap_{run['task']}_{run['arch']}_d{run['d_model']}_l{run['n_layers']}.png"
-        if heatmap(cells, title, out, name):
-            names.append(name)
-    return names
+        fig = heatmap(attrib(grid), title, readout_cells(int(run["n_layers"])), grid)
+        if fig is None:
+            continue
+        name = heatmap_name(run)
+        fig.save_png(out / name)
+        drawn.append(_Heatmap(run["run"], name.removesuffix(".png"), name, fig.svg()))
+        fig.close()
+    return drawn
 
 
 @dataclass(frozen=True)
@@ -324,99 +352,152 @@ def _findings_note(t: _Tables) -> str:
     )
 
 
-def _sections(t: _Tables) -> list[tuple[str, str, pd.DataFrame]]:
-    """The report's sections: title, note, table."""
-    columns = [*MODEL, "lr", "seed", "dev_accuracy", "test_accuracy", "steps", "task_label"]
-    accuracy = with_seed_spread(with_study_accuracy(t.best[columns]), t.results)
-    accuracy = accuracy.drop(columns=["task_label"])
-    mechanism_note = (
-        f"{corruption_note(t.best)} Intervals: 95% bootstrap over documents (and over seeds, "
-        f"marked, where a configuration ran with several). The `mechanism` label is mecheval's "
-        f"own rule (the highest read-out if it reaches {MECHANISM_THRESHOLD}, else "
-        '"unclear"); the study reports the Attrib values themselves.'
-    )
-    accuracy_note = (
+def _accuracy_note(t: _Tables) -> str:
+    return (
         f"{len(t.best)} model(s), each the best of its learning rates among the "
         f"{len(t.results)} finished run(s) of the {len(t.folders)} run folder(s). `study`: the "
         "study's dev accuracy at its best learning rate for the same setting, read off its "
         "figure (+-0.02 to 0.05), where it reports one. `seeds`: the finished runs of the "
         "same configuration (seeds), over which `dev_mean`, `dev_min` and `dev_max` are taken."
     )
-    folders_note = (
-        "Every run folder found: finished, diverged (at the first non-finite step), failed, "
-        "incomplete (no result yet: running or stopped) or unreadable; `evaluated`: the "
-        "checkpoint step its evaluation patched."
+
+
+def _mechanism_note(t: _Tables) -> str:
+    return (
+        f"{corruption_note(t.best)} Intervals: 95% bootstrap over documents (and over seeds, "
+        f"marked, where a configuration ran with several). The `mechanism` label is mecheval's "
+        f"own rule (the highest read-out if it reaches {MECHANISM_THRESHOLD}, else "
+        '"unclear"); the study reports the Attrib values themselves.'
     )
-    k_star_note = (
-        "Distributed alignment search (`mecheval das`, docs/das.md): k* is the smallest number "
-        f"of dimensions whose swap gains {KSTAR_SHARE:.0%} of the full swap's gain in "
-        "interchange intervention accuracy (IIA, held-out documents) over no swap (the base "
-        f"documents unpatched); no k* where the full swap gains less than {MIN_GAIN}: the site "
-        "carries too little of the answer there. Intervals: 95% bootstrap over documents (and "
-        "seeds), k* recomputed in each draw. Runs are pooled only within a model's selected "
-        "learning rate and DAS settings (`das_settings`); `k_left_out`: sizes some pooled "
-        "documents lack. IIA against k: das_iia.png and das_iia.parquet."
-    )
-    k_star_note = " ".join([k_star_note, *t.das_notes])
+
+
+K_STAR_NOTE = (
+    "Distributed alignment search (`mecheval das`, docs/das.md): k* is the smallest number "
+    f"of dimensions whose swap gains {KSTAR_SHARE:.0%} of the full swap's gain in "
+    "interchange intervention accuracy (IIA, held-out documents) over no swap (the base "
+    f"documents unpatched); no k* where the full swap gains less than {MIN_GAIN}: the site "
+    "carries too little of the answer there. Intervals: 95% bootstrap over documents (and "
+    "seeds), k* recomputed in each draw. Runs are pooled only within a model's selected "
+    "learning rate and DAS settings (`das_settings`); `k_left_out`: sizes some pooled "
+    "documents lack. IIA against k: das_iia.png and das_iia.parquet."
+)
+FOLDERS_NOTE = (
+    "Every run folder found: finished, diverged (at the first non-finite step), failed, "
+    "incomplete (no result yet: running or stopped) or unreadable; `evaluated`: the "
+    "checkpoint step its evaluation patched."
+)
+CONV_NOTE = (
+    "One row per run and short conv, each site its layer's mixer declares in "
+    "`conv_sites` (conv: Mamba's, Based's and Mamba-2's one conv; q_conv, k_conv, "
+    "v_conv: DeltaNet's three; a mixer of one's own, its own), Attrib at the value and "
+    "the two positions after it. The study finds Mamba's association in its layer-0 "
+    "short conv after the value."
+)
+FORMATION_NOTE = (
+    "First kept checkpoint at which each read-out reaches 0.5, which mechanism came "
+    "first, and the first at which a short conv's read-out does (conv_at: which one)."
+)
+
+
+def _sections(t: _Tables, path: Path) -> list[Section]:
+    """The report's sections, in order; an empty one says what command fills it."""
+    columns = [*MODEL, "lr", "seed", "dev_accuracy", "test_accuracy", "steps", "task_label"]
+    accuracy = with_seed_spread(with_study_accuracy(t.best[columns]), t.results)
+    accuracy = accuracy.drop(columns=["task_label", "steps"])  # the setting names the steps
+    evaluate = f"No run is evaluated yet: `mecheval evaluate {path}` runs the grids."
+    no_conv = "None of the evaluated models has a short conv."
+    k_star_note = " ".join([K_STAR_NOTE, *t.das_notes])
     return [
-        ("Findings", _findings_note(t), t.findings),
-        ("Accuracy (best learning rate per architecture and width)", accuracy_note, accuracy),
-        (
+        Section("Findings", "findings", _findings_note(t), t.findings),
+        Section(
+            "Accuracy (best learning rate per architecture and width)",
+            "accuracy",
+            _accuracy_note(t),
+            accuracy,
+            split=True,
+        ),
+        Section(
             "Mechanism (key corrupted; Attrib of restoring layer 1's block input)",
-            mechanism_note,
+            "mechanism",
+            _mechanism_note(t),
             mechanism_display(t.evidence),
+            evaluate,
+            split=True,
         ),
-        (
+        Section(
             "Inside the short convs (Attrib of their output, key corrupted)",
-            "One row per run and short conv, each site its layer's mixer declares in "
-            "`conv_sites` (conv: Mamba's, Based's and Mamba-2's one conv; q_conv, k_conv, "
-            "v_conv: DeltaNet's three; a mixer of one's own, its own), Attrib at the value and "
-            "the two positions after it. The study finds Mamba's association in its layer-0 "
-            "short conv after the value.",
+            "convs",
+            CONV_NOTE,
             conv_display(t.evidence),
+            no_conv if t.best["evaluated"].any() else evaluate,
+            split=True,
         ),
-        (
+        Section(
             "Mechanisms over training",
-            "First kept checkpoint at which each read-out reaches 0.5, which mechanism came "
-            "first, and the first at which a short conv's read-out does (conv_at: which one).",
+            "over-training",
+            FORMATION_NOTE,
             t.formation,
+            f"No checkpoint evaluated: `mecheval evaluate {path}` reads every kept one.",
+            split=True,
         ),
-        ("Accuracy and read-outs by key-to-query distance", "", t.distance),
-        ("Where the association lives (DAS: k*)", k_star_note, t.k_star),
-        ("Finished runs", "", t.results.drop(columns=["path", "evaluated", "task_label"])),
-        ("Run folders", folders_note, t.folders.drop(columns=["path"])),
+        Section(
+            "Accuracy and read-outs by key-to-query distance",
+            "distance",
+            "",
+            t.distance,
+            evaluate,
+            split=True,
+        ),
+        Section(
+            "Where the association lives (DAS: k*)",
+            "das",
+            k_star_note,
+            t.k_star,
+            f"DAS has not run on these runs: `mecheval das {path}` runs it (docs/das.md).",
+        ),
+        Section(
+            "Finished runs",
+            "finished-runs",
+            "",
+            t.results.drop(columns=["path", "evaluated", "task_label"]),
+            collapsed=True,
+        ),
+        Section("Run folders", "run-folders", FOLDERS_NOTE, t.folders.drop(columns=["path"])),
     ]
 
 
-def _write_markdown(out: Path, found: str, sections, figures: list[str]) -> None:
-    md = ["# mecheval report", "", found, ""]
-    for title, note, frame in sections:
-        md += [f"## {title}", ""] + ([note, ""] if note else []) + [_markdown(frame)]
+def _write_markdown(out: Path, found: str, sections: list[Section], figures: list[str]) -> None:
+    md = ["# mecheval report", "", found, "", f"![overview]({OVERVIEW})", "", OVERVIEW_NOTE, ""]
+    for section in sections:
+        md += [f"## {section.title}", ""] + ([section.note, ""] if section.note else [])
+        if section.table.empty:
+            md += [f"_{section.missing}_", ""]
+        elif section.anchor == "findings":
+            md += _markdown_findings(section.table)
+        else:
+            for setting, rows in (
+                by_setting(section.table) if section.split else [("", section.table)]
+            ):
+                md += ([f"### {setting}", ""] if setting else []) + [_markdown(rows)]
     md += ["## Figures", ""] + [f"![{name}]({name})" for name in figures]
     (out / "report.md").write_text("\n".join(md) + "\n")
 
 
-def _write_html(out: Path, found: str, sections, figures: list[str]) -> None:
-    page = [
-        "<!doctype html><meta charset=utf-8><title>mecheval report</title>",
-        "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
-        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}</style>",
-        "<h1>mecheval report</h1>",
-        f"<p>{found}</p>",
-    ]
-    for title, note, frame in sections:
-        page.append(f"<h2>{html.escape(title)}</h2>")
-        if note:
-            page.append(f"<p>{html.escape(note)}</p>")
-        page.append(
-            frame.to_html(index=False, float_format=lambda v: f"{v:.3f}", na_rep="")
-            if not frame.empty
-            else "<p><em>none</em></p>"
-        )
-    page += ["<h2>Figures</h2>"] + [
-        f'<p><img src="{html.escape(name)}" alt="{html.escape(name)}"></p>' for name in figures
-    ]
-    (out / "report.html").write_text("\n".join(page) + "\n")
+def _markdown_findings(findings: pd.DataFrame) -> list[str]:
+    """The findings table, `ours` a short line per model, and each finding's evidence in full."""
+    short = findings.assign(
+        ours=[
+            "<br>".join(short_line(line) for line in evidence_lines(ours)[0][2])
+            for ours in findings["ours"]
+        ]
+    )
+    columns = ["finding", "claim", "verdict", "ours", "study", "smallest_setting"]
+    md = [_markdown(short[columns]), "In full (intervals, seeds, every task setting):", ""]
+    for row in findings.itertuples():
+        for setting, verdict, lines in evidence_lines(row.ours):
+            where = f", {setting} ({verdict})" if setting else ""
+            md.append(f"- Finding {row.finding}{where}: " + "; ".join(lines))
+    return [*md, ""]
 
 
 def build_report(
@@ -432,6 +513,9 @@ def build_report(
     out.mkdir(parents=True, exist_ok=True)
     for name, table in tables.stored().items():
         atomic_write_parquet(out / f"{name}.parquet", table)
+    heatmaps = _heatmaps(tables.best, out)
+    links = {h.run: f"#{h.anchor}" for h in heatmaps}
+    _, overview_svg = write_overview(tables.evidence, tables.findings, out, links)
     figures = [
         name
         for name in (
@@ -440,14 +524,23 @@ def build_report(
             iia_vs_k(tables.iia, out),
         )
         if name is not None
-    ] + _heatmaps(tables.best, out)
+    ]
     if "das_iia.png" not in figures:  # a plot of DAS tables no longer there
         (out / "das_iia.png").unlink(missing_ok=True)
-    sections = _sections(tables)
+    sections = _sections(tables, path)
     count = f"{len(tables.folders)} ({status_counts(tables.folders)})"
-    _write_markdown(out, f"Run folders under `{path}`: {count}.", sections, figures)
-    escaped = f"<code>{html.escape(str(path))}</code>: {html.escape(count)}"
-    _write_html(out, f"Run folders under {escaped}.", sections, figures)
+    _write_markdown(
+        out, f"Run folders under `{path}`: {count}.", sections, figures + [h.png for h in heatmaps]
+    )
+    page = Page(
+        found=f"Run folders under <code>{html.escape(str(path))}</code>: {html.escape(count)}.",
+        figure=overview_svg,
+        caption=OVERVIEW_NOTE,
+        sections=sections,
+        heatmaps=[(h.anchor, h.svg, h.png) for h in heatmaps],
+        figures=figures,
+    )
+    write_html(out, page)
     return out
 
 

@@ -97,6 +97,6 @@ def test_the_report_shows_the_short_convs_of_a_mixer_of_ones_own(tmp_path):
     report = (tmp_path / "runs" / "report" / "report.md").read_text()
     section = report.split("## Inside the short convs")[1].split("\n## ")[0]
     shown = [line.split("|") for line in section.splitlines() if line.startswith("| ")][1:]
-    assert {(int(cells[5]), cells[6].strip()) for cells in shown} == {
+    assert {(int(cells[4]), cells[5].strip()) for cells in shown} == {
         (layer, conv) for layer in (0, 1) for conv in CONVS
     }

@@ -219,4 +219,4 @@ def test_the_reports_tables_leave_missing_text_blank():
 
     frame = pd.DataFrame({"conv_from": [5000.0, np.nan], "conv_at": ["conv_value", np.nan]})
     lines = _markdown(frame).splitlines()
-    assert lines[2] == "| 5000.000 | conv_value |" and lines[3] == "|  |  |"
+    assert lines[2] == "| 5000 | conv_value |" and lines[3] == "|  |  |"
