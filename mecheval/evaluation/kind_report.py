@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from mecheval.evaluation.kinds import evaluated_kinds
-from mecheval.interventions.kinds import make_intervention
+from mecheval.interventions.kinds import intervention_class, make_intervention
 from mecheval.run_folder import files
 
 SCREENS = ("eap", "eap_ig")
@@ -76,8 +76,7 @@ def kind_sections(runs: pd.DataFrame) -> list[tuple[str, pd.DataFrame, str]]:
     tables = kind_tables(runs)
     sections = []
     for kind, table in tables.items():
-        chosen = make_intervention(kind) if kind in ("path", *SCREENS) else None
-        title = (chosen.title if chosen else "") or f"Intervention kind {kind}"
+        title = intervention_class(kind).title or f"Intervention kind {kind}"
         note = f"`mecheval evaluate PATH --kind {kind}`; a row per run, corruption and cell."
         sections.append((title, table, note))
     agreement = screen_agreement(tables)

@@ -55,6 +55,7 @@ from mecheval.evaluation.das_tables import (
 )
 from mecheval.evaluation.display import Section, by_setting, cell_text, evidence_lines, short_line
 from mecheval.evaluation.findings import findings_table
+from mecheval.evaluation.kind_report import kind_sections
 from mecheval.evaluation.over_training import CONV_POSITIONS, parse_conv_column
 from mecheval.evaluation.overview import write_overview
 from mecheval.evaluation.plots import (
@@ -455,6 +456,7 @@ def _sections(t: _Tables, path: Path) -> list[Section]:
             t.k_star,
             f"DAS has not run on these runs: `mecheval das {path}` runs it (docs/das.md).",
         ),
+        *_kind_sections(t),
         Section(
             "Finished runs",
             "finished-runs",
@@ -463,6 +465,18 @@ def _sections(t: _Tables, path: Path) -> list[Section]:
             collapsed=True,
         ),
         Section("Run folders", "run-folders", FOLDERS_NOTE, t.folders.drop(columns=["path"])),
+    ]
+
+
+def _kind_sections(t: _Tables) -> list[Section]:
+    """A section per other intervention kind the selected runs hold tables of (`mecheval
+    evaluate --kind`), and the EAP screens' agreement with path patching."""
+    if t.best.empty:
+        return []
+    runs = seed_runs(t.best, t.results)
+    return [
+        Section(title, f"kind-{i}", note, table)
+        for i, (title, table, note) in enumerate(kind_sections(runs[runs["evaluated"]]))
     ]
 
 

@@ -70,3 +70,15 @@ def test_the_kinds_tables_summarise_and_screens_agree(run):
     assert set(agreement.screen) == {"eap"} and set(agreement.run) == {run.name}
     titles = [title for title, _, _ in kind_sections(runs)]
     assert "EAP against exact path patching" in titles
+
+
+def test_the_report_has_a_section_per_kind(run):
+    for kind, options in (("path", "layers=[0]"), ("mean_ablation", "positions=[key]")):
+        assert cli.main(["evaluate", str(run), "--kind", kind, "--option", options]) == 0
+    assert cli.main(["evaluate", str(run)]) == 0
+    assert cli.main(["report", str(run)]) == 0
+    report = (run / "report" / "report.md").read_text()
+    assert "## Path patching: each route's share of the sender's effect" in report
+    assert "## Mean ablation (drop of the answer's probability)" in report
+    html = (run / "report" / "report.html").read_text()
+    assert "Path patching" in html
