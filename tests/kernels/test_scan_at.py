@@ -1,8 +1,8 @@
 """The scans at positions (mecheval_kernels.at_positions over selective_scan_fn, mamba2_scan,
-chunk_delta_rule, chunk_gated_delta_rule): states after positions and outputs at positions
-against each op's per-step reference, and a patched state against the reference resumed from
-the patch on each row's suffix, without gradients and with them (the gradients too); bad
-arguments refused by name."""
+chunk_delta_rule, chunk_gated_delta_rule, chunk_kda): states after positions and outputs at
+positions against each op's per-step reference, and a patched state against the reference
+resumed from the patch on each row's suffix, without gradients and with them (the gradients
+too); bad arguments refused by name."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from mecheval_kernels import (
     at_positions,
     chunk_delta_rule,
     chunk_gated_delta_rule,
+    chunk_kda,
     mamba2_scan,
     selective_scan_fn,
 )
@@ -79,6 +80,12 @@ def _delta_inputs(g: torch.Generator, gated: bool = False) -> dict:
     )
 
 
+def _kda_inputs(g: torch.Generator) -> dict:
+    x = _delta_inputs(g)
+    x["g"] = -torch.rand(*x["q"].shape, generator=g)  # a decay per key channel
+    return x
+
+
 def _selective_ref(x: dict, states_at):
     return selective_scan_ref(**x, return_last_state=True, states_at=states_at)
 
@@ -93,6 +100,9 @@ def _delta_ref(x: dict, states_at):
 
 def _gated_ref(x: dict, states_at):
     return gated_delta_rule_ref(**x, output_final_state=True, states_at=states_at)
+
+
+_kda_ref = _gated_ref  # the family's reference, g per key channel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +172,16 @@ SPECS = [
         chunk_gated_delta_rule,
         _gated_ref,
         lambda g: _delta_inputs(g, gated=True),
+        "initial_state",
+        {"q": 1, "k": 1, "v": 1, "beta": 1, "g": 1},
+        1,
+        "g",
+    ),
+    Spec(
+        "kda",
+        chunk_kda,
+        _kda_ref,
+        _kda_inputs,
         "initial_state",
         {"q": 1, "k": 1, "v": 1, "beta": 1, "g": 1},
         1,
@@ -286,13 +306,13 @@ def test_bad_arguments_are_refused_by_name(spec):
 
 def test_a_scan_that_is_not_a_drop_in_is_refused_by_type():
     x = SPECS[0].inputs(seed=5)
-    allowed = (
-        "mecheval_kernels.selective_scan_fn, mecheval_kernels.mamba2_scan, "
-        "mecheval_kernels.chunk_delta_rule, mecheval_kernels.chunk_gated_delta_rule"
-    )
     for scan in (selective_scan_ref, "selective_scan_fn", [selective_scan_fn]):
-        with pytest.raises(TypeError, match=f"scan must be one of {allowed}, got"):
+        with pytest.raises(TypeError, match=r"scan must be one of (mecheval_kernels\.\w+, )+"):
             at_positions(scan, **x)
+    with pytest.raises(TypeError) as info:
+        at_positions(selective_scan_ref, **x)
+    for spec in SPECS:
+        assert f"mecheval_kernels.{spec.scan.__name__}" in str(info.value)
 
 
 FINAL_STATE_FLAGS = {
@@ -300,6 +320,7 @@ FINAL_STATE_FLAGS = {
     "mamba2_scan": "return_final_states",
     "delta_rule": "output_final_state",
     "gated_delta_rule": "output_final_state",
+    "kda": "output_final_state",
 }
 
 
@@ -319,8 +340,9 @@ UNSUPPORTED = {
         ("cu_seqlens", torch.tensor([0, LENGTH])),
         ("return_varlen_states", True),
     ],
-    "delta_rule": [("cu_seqlens", torch.tensor([0, LENGTH])), ("head_first", True)],
-    "gated_delta_rule": [("cu_seqlens", torch.tensor([0, LENGTH])), ("head_first", True)],
+    "delta_rule": [("cu_seqlens", torch.tensor([0, LENGTH])), ("cu_seqlens_cpu", [0, LENGTH])],
+    "gated_delta_rule": [("cu_seqlens", torch.tensor([0, LENGTH])), ("cp_context", object())],
+    "kda": [("cu_seqlens", torch.tensor([0, LENGTH])), ("return_intermediate_states", True)],
 }
 
 
@@ -335,7 +357,8 @@ def test_arguments_the_scan_at_positions_does_not_run_are_refused_by_name(spec):
                 ValueError, match=f"{spec.scan.__name__}: {name}=.* is not supported"
             ):
                 spec.at(**x, **asked, **{name: value})
-    with pytest.raises(TypeError, match=f"at_positions\\({spec.scan.__name__}\\): .*'no_such'"):
+    # Bound by at_positions, or (a drop-in with **kwargs) refused by the drop-in: by name.
+    with pytest.raises(TypeError, match=f"{spec.scan.__name__}.*'no_such'"):
         spec.at(**x, no_such=1)
 
 
@@ -404,9 +427,10 @@ def test_selective_scan_one_pass_across_tiles_and_chunks(monkeypatch, layout, sm
 @pytest.mark.parametrize("chunk", [64, 4], ids=["one_chunk", "chunks"])
 @pytest.mark.parametrize("few", [False, True], ids=["every", "few"])
 def test_delta_rule_states_and_out_at_across_chunks(monkeypatch, spec, chunk, few):
-    """Both delta rules: every state (a running sum per chunk) and a few per row (one masked
-    matmul each), and the output at one step per row, across chunk boundaries."""
+    """The delta-rule family: every state (a running sum per chunk) and a few per row (one
+    masked matmul each), and the output at one step per row, across chunk boundaries."""
     monkeypatch.setattr(delta_torch_path, "CHUNK_SIZE", chunk)
+    monkeypatch.setattr(delta_torch_path, "KEY_CHUNK_SIZE", chunk)
     x = spec.inputs(seed=8)
     read = (
         torch.tensor([[10, 0, 4], [3, 7, 3], [1, 1, 9]])
