@@ -12,6 +12,7 @@ from a scan beyond the drop-in itself, from one call that returns `ScanAt` whate
     mecheval_kernels.chunk_gated_delta_rule   the gated delta rule
     mecheval_kernels.chunk_kda                KDA (a decay per key channel)
     mecheval_kernels.chunk_gated_delta_product   Gated DeltaProduct (positions are tokens)
+    mecheval_kernels.chunk_comba              Comba (a recall key p)
 
 and `*args, **kwargs` are its own arguments, as it takes them (`backend` included). Beyond them:
 
@@ -46,6 +47,7 @@ from typing import NamedTuple
 
 import torch
 
+from mecheval_kernels.comba.op import COMBA, arguments_of, chunk_comba
 from mecheval_kernels.delta_rule.at import at_positions_of_delta_rule
 from mecheval_kernels.delta_rule.op import DELTA_RULE, chunk_delta_rule
 from mecheval_kernels.gated_delta_product.at import at_positions_of_gated_delta_product
@@ -95,6 +97,11 @@ IMPLEMENTATIONS: dict[Callable, Implementation] = {
     ),
     chunk_gated_delta_product: Implementation(
         at_positions_of_gated_delta_product, "output_final_state", {}
+    ),
+    chunk_comba: Implementation(
+        lambda arguments, asked: at_positions_of_delta_rule(COMBA, arguments_of(arguments), asked),
+        "output_final_state",
+        {},
     ),
 }
 

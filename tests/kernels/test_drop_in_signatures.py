@@ -8,8 +8,8 @@ below, taken from the releases' sources: causal-conv1d 1.7.0
 (causal_conv1d/causal_conv1d_interface.py), mamba-ssm 2.3.2.post1
 (mamba_ssm/ops/selective_scan_interface.py, mamba_ssm/ops/triton/ssd_combined.py) and
 flash-linear-attention 0.6.0 (fla/ops/delta_rule/chunk.py, fla/ops/gated_delta_rule/chunk.py,
-fla/ops/kda/chunk.py). Where the installed release is the pinned one, the pinned copy is checked
-against it."""
+fla/ops/kda/chunk.py, fla/ops/gated_delta_product/chunk.py, fla/ops/comba/chunk.py). Where the
+installed release is the pinned one, the pinned copy is checked against it."""
 
 from __future__ import annotations
 
@@ -78,6 +78,22 @@ PEERS = {
          ("cu_seqlens_cpu", None), ("cp_context", None), ("use_graph", False),
          ("max_num_seqs", None)),
         True,
+    ),
+    "chunk_gated_delta_product": (
+        "flash-linear-attention", "0.6.0", "fla.ops.gated_delta_product",
+        "chunk_gated_delta_product",
+        (("q", REQUIRED), ("k", REQUIRED), ("v", REQUIRED), ("g", REQUIRED), ("beta", REQUIRED),
+         ("num_householder", REQUIRED), ("scale", None), ("initial_state", None),
+         ("output_final_state", False), ("use_qk_l2norm_in_kernel", False), ("cu_seqlens", None),
+         ("cu_seqlens_cpu", None), ("cp_context", None)),
+        False,
+    ),
+    "chunk_comba": (
+        "flash-linear-attention", "0.6.0", "fla.ops.comba", "chunk_comba",
+        (("q", REQUIRED), ("k", REQUIRED), ("v", REQUIRED), ("p", REQUIRED), ("g", REQUIRED),
+         ("beta", None), ("scale", None), ("initial_state", None), ("output_final_state", False),
+         ("use_qk_l2norm_in_kernel", False), ("cu_seqlens", None), ("cu_seqlens_cpu", None)),
+        False,
     ),
 }  # fmt: skip
 OURS = {"selective_scan_fn": (("initial_state", None),)}
@@ -187,6 +203,14 @@ def test_returns_are_the_peers():
     assert final.shape == (2, 1, 4, 4)
     o, final = mecheval_kernels.chunk_kda(*_delta("key"), output_final_state=True)
     assert o.shape == (2, 7, 1, 4) and final.shape == (2, 1, 4, 4)
+    q, k, v, g, beta = _delta("head")
+    o, final = mecheval_kernels.chunk_comba(q, k, v, k, g, beta)
+    assert o.shape == (2, 7, 1, 4) and final is None
+    k2, v2, beta2 = (t.repeat_interleave(2, dim=1) for t in (k, v, beta))  # 2 steps a token
+    o, final = mecheval_kernels.chunk_gated_delta_product(
+        q, k2, v2, g, beta2, 2, output_final_state=True
+    )
+    assert o.shape == (2, 7, 1, 4) and final.shape == (2, 1, 4, 4)
     assert isinstance(mecheval_kernels.mamba2_scan(*_mamba2(), 4), torch.Tensor)
     out, final = mecheval_kernels.mamba2_scan(*_mamba2(), 4, return_final_states=True)
     assert final.shape == (2, 2, 3, 4)
@@ -206,6 +230,16 @@ def test_final_states_out_is_written_and_returned():
         )
 
 
+def _comba():
+    q, k, v, g, beta = _delta("head")
+    return q, k, v, k, g, beta
+
+
+def _product():
+    q, k, v, g, beta = _delta("head")
+    return q, k, v, g, beta, 1
+
+
 PACKED = torch.tensor([0, 7])
 UNSUPPORTED = [
     (mecheval_kernels.causal_conv1d_fn, _conv(), "seq_idx", torch.zeros(2, 7)),
@@ -220,6 +254,10 @@ UNSUPPORTED = [
     (mecheval_kernels.chunk_kda, _delta("key"), "return_intermediate_states", True),
     (mecheval_kernels.chunk_kda, _delta("key"), "use_graph", True),
     (mecheval_kernels.chunk_kda, _delta("key"), "max_num_seqs", 4),
+    (mecheval_kernels.chunk_comba, _comba(), "cu_seqlens", PACKED),
+    (mecheval_kernels.chunk_comba, _comba(), "cu_seqlens_cpu", PACKED),
+    (mecheval_kernels.chunk_gated_delta_product, _product(), "cu_seqlens", PACKED),
+    (mecheval_kernels.chunk_gated_delta_product, _product(), "cp_context", object()),
 ]
 
 

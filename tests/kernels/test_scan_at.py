@@ -1,8 +1,8 @@
 """The scans at positions (mecheval_kernels.at_positions over selective_scan_fn, mamba2_scan,
-chunk_delta_rule, chunk_gated_delta_rule, chunk_kda): states after positions and outputs at
-positions against each op's per-step reference, and a patched state against the reference
-resumed from the patch on each row's suffix, without gradients and with them (the gradients
-too); bad arguments refused by name."""
+chunk_delta_rule, chunk_gated_delta_rule, chunk_kda, chunk_comba; chunk_gated_delta_product's in
+its own test file): states after positions and outputs at positions against each op's per-step
+reference, and a patched state against the reference resumed from the patch on each row's
+suffix, without gradients and with them (the gradients too); bad arguments refused by name."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import torch
 from mecheval_kernels import (
     ScanAt,
     at_positions,
+    chunk_comba,
     chunk_delta_rule,
     chunk_gated_delta_rule,
     chunk_kda,
@@ -86,6 +87,12 @@ def _kda_inputs(g: torch.Generator) -> dict:
     return x
 
 
+def _comba_inputs(g: torch.Generator) -> dict:
+    x = _delta_inputs(g, gated=True)
+    x["p"] = torch.randn(*x["q"].shape, generator=g)  # the recall key
+    return x
+
+
 def _selective_ref(x: dict, states_at):
     return selective_scan_ref(**x, return_last_state=True, states_at=states_at)
 
@@ -103,6 +110,7 @@ def _gated_ref(x: dict, states_at):
 
 
 _kda_ref = _gated_ref  # the family's reference, g per key channel
+_comba_ref = _gated_ref  # the family's reference, with the recall key p
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +194,16 @@ SPECS = [
         {"q": 1, "k": 1, "v": 1, "beta": 1, "g": 1},
         1,
         "g",
+    ),
+    Spec(
+        "comba",
+        chunk_comba,
+        _comba_ref,
+        _comba_inputs,
+        "initial_state",
+        {"q": 1, "k": 1, "v": 1, "p": 1, "beta": 1, "g": 1},
+        1,
+        "p",
     ),
 ]
 IDS = [s.name for s in SPECS]
@@ -321,6 +339,7 @@ FINAL_STATE_FLAGS = {
     "delta_rule": "output_final_state",
     "gated_delta_rule": "output_final_state",
     "kda": "output_final_state",
+    "comba": "output_final_state",
 }
 
 
@@ -343,6 +362,7 @@ UNSUPPORTED = {
     "delta_rule": [("cu_seqlens", torch.tensor([0, LENGTH])), ("cu_seqlens_cpu", [0, LENGTH])],
     "gated_delta_rule": [("cu_seqlens", torch.tensor([0, LENGTH])), ("cp_context", object())],
     "kda": [("cu_seqlens", torch.tensor([0, LENGTH])), ("return_intermediate_states", True)],
+    "comba": [("cu_seqlens", torch.tensor([0, LENGTH])), ("cu_seqlens_cpu", [0, LENGTH])],
 }
 
 
