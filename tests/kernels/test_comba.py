@@ -310,3 +310,12 @@ def test_bad_input_is_refused_by_name(overrides, error, words):
     assert str(info.value).startswith("chunk_comba")
     for word in words:
         assert word in str(info.value), (word, str(info.value))
+
+
+def test_second_derivatives_gradgradcheck_float64():
+    leaves = [t.double().requires_grad_() for t in _inputs(1, 4, 1, 3, 2, torch.float64, seed=13)]
+
+    def fn(q, k, v, p, g, beta, state):
+        return chunk_comba(q, k, v, p, g, beta, 0.7, state, True, True, backend="torch")
+
+    assert torch.autograd.gradgradcheck(fn, leaves)

@@ -525,3 +525,19 @@ def test_triton_refuses_float64_by_name(device):
     }
     with pytest.raises(TypeError, match="q has dtype float64"):
         chunk_delta_rule(**args, backend="triton")
+
+
+def test_second_derivatives_gradgradcheck_float64():
+    """Second derivatives (create_graph) as fla's naive delta rule gives them: autograd through
+    the per-step reference."""
+    gen = torch.Generator().manual_seed(5)
+    make = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    B, T, H, K, V = 1, 4, 1, 3, 2
+    leaves = [make(B, T, H, K), make(B, T, H, K), make(B, T, H, V), torch.rand(B, T, H,
+              generator=gen, dtype=torch.float64), make(B, H, K, V)]  # fmt: skip
+    leaves = [t.requires_grad_() for t in leaves]
+
+    def fn(q, k, v, beta, state):
+        return chunk_delta_rule(q, k, v, beta, 0.7, state, True, True, backend="torch")
+
+    assert torch.autograd.gradgradcheck(fn, leaves)

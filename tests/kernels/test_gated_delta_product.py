@@ -279,3 +279,14 @@ def test_bad_input_is_refused_by_name(overrides, error, words):
     assert str(info.value).startswith("chunk_gated_delta_product")
     for word in words:
         assert word in str(info.value), (word, str(info.value))
+
+
+def test_second_derivatives_gradgradcheck_float64():
+    q, k, v, g, beta, s = _inputs(1, 3, 1, 3, 2, 2, torch.float64, seed=13)
+    leaves = [t.double().requires_grad_() for t in (q, k, v, g, beta, s)]
+
+    def fn(q, k, v, g, beta, state):
+        return chunk_gated_delta_product(q, k, v, g, beta, 2, 0.7, state, True, True,
+                                         backend="torch")  # fmt: skip
+
+    assert torch.autograd.gradgradcheck(fn, leaves)

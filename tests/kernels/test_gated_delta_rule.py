@@ -355,3 +355,20 @@ def test_triton_refuses_float64_by_name(device):
     }
     with pytest.raises(TypeError, match="q has dtype float64"):
         chunk_gated_delta_rule(**args, backend="triton")
+
+
+def test_second_derivatives_gradgradcheck_float64():
+    """Second derivatives (create_graph) as fla's naive gated delta rule gives them, g's
+    included."""
+    gen = torch.Generator().manual_seed(5)
+    make = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    B, T, H, K, V = 1, 4, 1, 3, 2
+    beta = torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    g = F.logsigmoid(make(B, T, H))
+    leaves = [make(B, T, H, K), make(B, T, H, K), make(B, T, H, V), g, beta, make(B, H, K, V)]
+    leaves = [t.requires_grad_() for t in leaves]
+
+    def fn(q, k, v, g, beta, state):
+        return chunk_gated_delta_rule(q, k, v, g, beta, 0.7, state, True, True, backend="torch")
+
+    assert torch.autograd.gradgradcheck(fn, leaves)

@@ -392,3 +392,13 @@ def test_bad_input_is_refused_by_name(overrides, error, words):
 
 def test_is_exported():
     assert mecheval_kernels.chunk_kda is chunk_kda
+
+
+def test_second_derivatives_gradgradcheck_float64():
+    q, k, v, g, beta, s = _inputs(1, 4, 1, 3, 2, torch.float64, init=True, seed=13)
+    leaves = [t.double().requires_grad_() for t in (q, k, v, g, beta, s)]
+
+    def fn(q, k, v, g, beta, state):
+        return chunk_kda(q, k, v, g, beta, 0.7, state, True, True, backend="torch")
+
+    assert torch.autograd.gradgradcheck(fn, leaves)
