@@ -16,7 +16,7 @@ from mecheval_kernels.delta_rule.op import Variant, family_op, run
 from mecheval_kernels.delta_rule.reference import gated_delta_rule_ref
 
 OP = family_op("chunk_comba", "comba", gate="B T HV")
-COMBA = Variant(OP, "B T HV", kwargs=frozenset(), chunk_sizes=())
+COMBA = Variant(OP, kwargs=frozenset(), chunk_sizes=())
 
 
 def comba_ref(q, k, v, p, g, beta, *args, **kwargs) -> tuple[torch.Tensor, ...]:

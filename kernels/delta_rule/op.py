@@ -131,12 +131,11 @@ def _fold(a: DeltaArgs, dims: DeltaArgs, m: int):
 
 
 class Variant(NamedTuple):
-    """An op of the family: its Op (custom ops `mecheval_kernels::<name>_fwd`, `_bwd`), g's
-    layout (None: no gate), the names its peer reads from **kwargs and the chunk sizes the peer
-    accepts (checked, without effect here)."""
+    """An op of the family: its Op (custom ops `mecheval_kernels::<name>_fwd`, `_bwd`; its
+    validation knows g's layout), the names its peer reads from **kwargs and the chunk sizes the
+    peer accepts (checked, without effect here)."""
 
     op: Op
-    gate: str | None
     kwargs: frozenset = frozenset({"chunk_size"})
     chunk_sizes: tuple = (16, 32, 64)
 
@@ -161,7 +160,7 @@ def _twice(a: DeltaArgs) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 OP = family_op("chunk_delta_rule", "delta_rule")
-DELTA_RULE = Variant(OP, None)
+DELTA_RULE = Variant(OP)
 
 
 class Call(NamedTuple):

@@ -14,7 +14,7 @@ from mecheval_kernels.delta_rule.op import Variant, family_op, run
 from mecheval_kernels.validation import check_tensor
 
 OP = family_op("chunk_gated_delta_product", "gated_delta_product", gate="B T HV")
-GATED_DELTA_PRODUCT = Variant(OP, "B T HV", kwargs=frozenset(), chunk_sizes=())
+GATED_DELTA_PRODUCT = Variant(OP, kwargs=frozenset(), chunk_sizes=())
 
 
 def _validate(arguments: dict) -> int:

@@ -13,7 +13,6 @@ from mecheval_kernels.delta_rule.op import Variant, family_op, run
 OP = family_op("chunk_gated_delta_rule", "gated_delta_rule", gate="B T HV")
 GATED_DELTA_RULE = Variant(
     OP,
-    "B T HV",
     kwargs=frozenset({"chunk_size", "use_gate_in_kernel", "A_log", "dt_bias",
                       "transpose_state_layout"}),
 )  # fmt: skip

@@ -11,7 +11,6 @@ from mecheval_kernels.delta_rule.op import Variant, family_op, run
 OP = family_op("chunk_kda", "kda", gate="B T HV K")
 KDA = Variant(
     OP,
-    "B T HV K",
     kwargs=frozenset({"chunk_size", "A_log", "dt_bias", "transpose_state_layout"}),
     chunk_sizes=(32, 64),
 )
