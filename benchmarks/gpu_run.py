@@ -185,6 +185,17 @@ BENCHMARK_STAGES = [
         ],
         0.45,
     ),
+    (
+        "delta_family",  # issue 55: KDA, Gated DeltaProduct, Comba vs fla's chunk kernels
+        [
+            "benchmarks/bench_kda.py",
+            "benchmarks/bench_gated_delta_product.py",
+            "benchmarks/bench_comba.py",
+            "-k",
+            "not naive and not reference",
+        ],
+        0.3,
+    ),
     ("models", ["benchmarks/bench_models.py", "-k", "not compiled"], 0.5),
     ("stacked", ["benchmarks/bench_stacked.py"], 0.4),
     (

@@ -4,6 +4,9 @@
     selective_scan_fn       drop-in for mamba_ssm's selective_scan_fn
     chunk_delta_rule        drop-in for fla.ops.delta_rule.chunk_delta_rule
     chunk_gated_delta_rule  drop-in for fla.ops.gated_delta_rule.chunk_gated_delta_rule
+    chunk_kda               drop-in for fla.ops.kda.chunk_kda (a decay per key channel)
+    chunk_gated_delta_product  drop-in for fla.ops.gated_delta_product's (n steps a token)
+    chunk_comba             drop-in for fla.ops.comba.chunk_comba (a recall key p)
     mamba2_scan             drop-in for mamba_ssm's mamba_chunk_scan_combined (Mamba-2's scan)
 
 and, beyond the peers, any of the four scans at positions (the states after given positions,
@@ -36,8 +39,11 @@ if __name__ == "kernels":
     _spec.loader.exec_module(_module)
 else:
     from mecheval_kernels.backend import get_backend, set_backend, use_backend
+    from mecheval_kernels.comba import chunk_comba
     from mecheval_kernels.delta_rule import chunk_delta_rule
+    from mecheval_kernels.gated_delta_product import chunk_gated_delta_product
     from mecheval_kernels.gated_delta_rule import chunk_gated_delta_rule
+    from mecheval_kernels.kda import chunk_kda
     from mecheval_kernels.positions import at_positions
     from mecheval_kernels.scan_at import ScanAt
     from mecheval_kernels.selective_scan import selective_scan_fn
@@ -48,8 +54,11 @@ __all__ = [
     "ScanAt",
     "at_positions",
     "causal_conv1d_fn",
+    "chunk_comba",
     "chunk_delta_rule",
+    "chunk_gated_delta_product",
     "chunk_gated_delta_rule",
+    "chunk_kda",
     "get_backend",
     "mamba2_scan",
     "selective_scan_fn",

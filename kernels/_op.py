@@ -79,13 +79,18 @@ class Op:
         fold: how the op runs under `torch.vmap` (stacked models): see mecheval_kernels.stacking.
         name: the custom ops' name (`mecheval_kernels::<name>_fwd`); None: the package's last part
             (ops that share their implementations, as the delta-rule family's, name theirs apart).
+        twice: twice(a) -> the differentiable outputs, recomputed in plain PyTorch (the op's
+            reference form) for second derivatives: when a backward is itself differentiated
+            (create_graph), the gradients come from autograd through it. None: second
+            derivatives are refused by name.
     """
 
     def __init__(
-        self, package, public, args, first, validate, fake, outputs, saved, fold, name=None
-    ):
+        self, package, public, args, first, validate, fake, outputs, saved, fold, name=None,
+        twice=None,
+    ):  # fmt: skip
         self.package, self.public, self.args, self.first = package, public, args, first
-        self.validate, self.fake_forward, self.fold = validate, fake, fold
+        self.validate, self.fake_forward, self.fold, self.twice = validate, fake, fold, twice
         self.outputs, self.saved = outputs, saved
         hints = typing.get_type_hints(args)
         fields = [f"{_SCHEMA_TYPES[hints[f]]} {f}" for f in args._fields] + ["str backend"]
@@ -196,12 +201,41 @@ class Op:
         n = len(self.tensors)
         tensors, saved = ctx.saved_tensors[:n], ctx.saved_tensors[n:]
         a = self.args(**dict(zip(self.tensors, tensors, strict=True)), **ctx.others)
+        if torch.is_grad_enabled():  # create_graph: this backward will be differentiated
+            return self._differentiable_backward(a, grads[: self.outputs - self.saved])
         backward = self._backward if eager else self._bwd
         result = backward(*grads[: self.outputs - self.saved], *saved, *a, ctx.backend)
         by_name = {
             f: g for f, t, g in zip(self.tensors, tensors, result, strict=True) if t is not None
         }
         # Absent inputs, non-tensor arguments and the backend get no gradient.
+        return (*(by_name.get(f) for f in a._fields), None)
+
+    def _differentiable_backward(self, a: tuple, grads: tuple) -> tuple:
+        """The gradients as autograd gives them through `twice` (the reference form), with a
+        graph of their own: second derivatives."""
+        if self.twice is None:
+            raise RuntimeError(
+                f"{self.public}: second derivatives (a backward with create_graph=True) are "
+                "not supported"
+            )
+        wanted = [f for f in self.tensors if getattr(a, f) is not None]
+        wanted = [f for f in wanted if getattr(a, f).requires_grad]
+        pairs = [
+            (out, grad)
+            for out, grad in zip(self.twice(a), grads, strict=True)
+            if out is not None and grad is not None and out.requires_grad
+        ]
+        if not wanted or not pairs:
+            return (None,) * (len(a._fields) + 1)
+        result = torch.autograd.grad(
+            [out for out, _ in pairs],
+            [getattr(a, f) for f in wanted],
+            [grad for _, grad in pairs],
+            create_graph=True,
+            allow_unused=True,
+        )
+        by_name = dict(zip(wanted, result, strict=True))
         return (*(by_name.get(f) for f in a._fields), None)
 
 

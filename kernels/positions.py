@@ -10,6 +10,9 @@ from a scan beyond the drop-in itself, from one call that returns `ScanAt` whate
     mecheval_kernels.mamba2_scan              Mamba-2's scan
     mecheval_kernels.chunk_delta_rule         the delta rule
     mecheval_kernels.chunk_gated_delta_rule   the gated delta rule
+    mecheval_kernels.chunk_kda                KDA (a decay per key channel)
+    mecheval_kernels.chunk_gated_delta_product   Gated DeltaProduct (positions are tokens)
+    mecheval_kernels.chunk_comba              Comba (a recall key p)
 
 and `*args, **kwargs` are its own arguments, as it takes them (`backend` included). Beyond them:
 
@@ -44,11 +47,13 @@ from typing import NamedTuple
 
 import torch
 
+from mecheval_kernels.comba.op import COMBA, arguments_of, chunk_comba
 from mecheval_kernels.delta_rule.at import at_positions_of_delta_rule
-from mecheval_kernels.delta_rule.op import OP as DELTA_RULE
-from mecheval_kernels.delta_rule.op import chunk_delta_rule
-from mecheval_kernels.gated_delta_rule.op import OP as GATED_DELTA_RULE
-from mecheval_kernels.gated_delta_rule.op import chunk_gated_delta_rule
+from mecheval_kernels.delta_rule.op import DELTA_RULE, chunk_delta_rule
+from mecheval_kernels.gated_delta_product.at import at_positions_of_gated_delta_product
+from mecheval_kernels.gated_delta_product.op import chunk_gated_delta_product
+from mecheval_kernels.gated_delta_rule.op import GATED_DELTA_RULE, chunk_gated_delta_rule
+from mecheval_kernels.kda.op import KDA, chunk_kda
 from mecheval_kernels.scan_at import Asked, ScanAt
 from mecheval_kernels.selective_scan.at import at_positions_of_selective_scan
 from mecheval_kernels.selective_scan.op import selective_scan_fn
@@ -72,8 +77,6 @@ class Implementation(NamedTuple):
     unsupported: dict[str, object]
 
 
-PACKED_DELTA_RULE = {"cu_seqlens": None, "head_first": False}
-
 IMPLEMENTATIONS: dict[Callable, Implementation] = {
     selective_scan_fn: Implementation(at_positions_of_selective_scan, "return_last_state", {}),
     mamba2_scan: Implementation(
@@ -84,12 +87,21 @@ IMPLEMENTATIONS: dict[Callable, Implementation] = {
     chunk_delta_rule: Implementation(
         functools.partial(at_positions_of_delta_rule, DELTA_RULE),
         "output_final_state",
-        PACKED_DELTA_RULE,
+        {},  # the family refuses its packed-sequence arguments itself (delta_rule/dropin.py)
     ),
     chunk_gated_delta_rule: Implementation(
-        functools.partial(at_positions_of_delta_rule, GATED_DELTA_RULE),
+        functools.partial(at_positions_of_delta_rule, GATED_DELTA_RULE), "output_final_state", {}
+    ),
+    chunk_kda: Implementation(
+        functools.partial(at_positions_of_delta_rule, KDA), "output_final_state", {}
+    ),
+    chunk_gated_delta_product: Implementation(
+        at_positions_of_gated_delta_product, "output_final_state", {}
+    ),
+    chunk_comba: Implementation(
+        lambda arguments, asked: at_positions_of_delta_rule(COMBA, arguments_of(arguments), asked),
         "output_final_state",
-        PACKED_DELTA_RULE,
+        {},
     ),
 }
 

@@ -1,7 +1,7 @@
-"""`at_positions_of_delta_rule`: the scan at positions of either op of the delta-rule family, the
-delta rule or the gated delta rule (states after steps, the output at one step per row, a patched
-state; mecheval_kernels.at_positions says what each means), and `scan_at`, the same on validated
-arguments."""
+"""`at_positions_of_delta_rule`: the scan at positions of an op of the delta-rule family (the
+delta rule, the gated delta rule, KDA, Comba; states after steps, the output at one step per row,
+a patched state; mecheval_kernels.at_positions says what each means), and `scan_at`, the same on
+validated arguments."""
 
 from __future__ import annotations
 
@@ -10,36 +10,36 @@ import functools
 import torch
 
 from mecheval_kernels._op import Op, needs_grad
-from mecheval_kernels.delta_rule.op import DeltaArgs, checked, kernel_for
+from mecheval_kernels.delta_rule import dropin
+from mecheval_kernels.delta_rule.op import DeltaArgs, Variant, kernel_for, prepare
 from mecheval_kernels.scan_at import Asked, ScanAt, patch_by_jump
 from mecheval_kernels.validation import check_positions, check_state_patch, one_per_row
 
 
-def at_positions_of_delta_rule(op: Op, arguments: dict, asked: Asked) -> ScanAt:
-    """The scan at positions of `op`, `chunk_delta_rule`'s or `chunk_gated_delta_rule`'s (see
-    mecheval_kernels.at_positions).
+def at_positions_of_delta_rule(variant: Variant, arguments: dict, asked: Asked) -> ScanAt:
+    """The scan at positions of `variant`'s op (see mecheval_kernels.at_positions).
 
     Args:
-        op: the op of the family (mecheval_kernels.delta_rule.op.OP,
-            mecheval_kernels.gated_delta_rule.op.OP).
-        arguments: the op's public function's arguments by name (q, k, v, g for the gated
-            delta rule, beta, scale, initial_state, use_qk_l2norm_in_kernel, backend).
-        asked: what to return beside the output; the state is (B, H, K, V) float32 (float64
-            for float64 inputs) (`states` (B, P, H, K, V), patch values (B, H, K, V)), `out`
-            at `out_at` (B, 1, H, V).
+        variant: the op of the family (mecheval_kernels.delta_rule.op.DELTA_RULE, ...).
+        arguments: the op's public function's arguments by name, as it takes them.
+        asked: what to return beside the output; the state is (B, HV, K, V) float32 (float64
+            for float64 inputs), (B, HV, V, K) with state_v_first (`states` (B, P, *state),
+            patch values (B, *state)), `out` at `out_at` (B, 1, HV, V).
 
     Without gradients, states come from the PyTorch path in one pass (on any device), and the
     PyTorch path forms the output at `out_at` alone (the state still runs through every step);
     with gradients, states come from one call per step (slow, exact). A patch is the unpatched
     scan plus the scan of its jump.
     """
-    q, k, v, beta = (arguments[name] for name in ("q", "k", "v", "beta"))
-    a, chosen = checked(
-        op, arguments["backend"], q, k, v, arguments.get("g"), beta, arguments["scale"],
-        arguments["initial_state"], asked.return_final_state,
-        arguments["use_qk_l2norm_in_kernel"],
-    )  # fmt: skip
-    return scan_at(op, a, chosen, asked.states_at, asked.out_at, asked.state_patch)
+    call = prepare(variant, arguments, asked.return_final_state)
+    patch = asked.state_patch
+    if isinstance(patch, tuple) and len(patch) == 2 and isinstance(patch[1], torch.Tensor):
+        patch = (patch[0], dropin.state_in(patch[1], call.options))
+    result = scan_at(variant.op, call.args, call.backend, asked.states_at, asked.out_at, patch)
+    return result._replace(
+        final_state=dropin.state_out(result.final_state, call.options),
+        states=dropin.state_out(result.states, call.options),
+    )
 
 
 def scan_at(op: Op, a: DeltaArgs, backend: str, states_at, out_at, state_patch) -> ScanAt:
@@ -88,8 +88,8 @@ def _jump(op: Op, a: DeltaArgs, backend: str, start, after, read, one, final) ->
     False: no writes there (beta = 0) and, gated, no decay (g = 0)."""
     mask = after[..., None]  # (B, T, 1) over the heads
     fields = dict(v=torch.zeros_like(a.v), beta=a.beta * mask, initial_state=start)
-    if a.g is not None:
-        fields["g"] = a.g * mask
+    if a.g is not None:  # (B, T, H) or, a decay per key channel, (B, T, H, K)
+        fields["g"] = a.g * (mask if a.g.dim() == 3 else mask[..., None])
     return _unpatched(op, a._replace(**fields), backend, read, one, final)
 
 
@@ -97,8 +97,9 @@ def _states_by_steps(op: Op, a: DeltaArgs, backend: str) -> tuple:
     """(o, final, states (B, T, H, K, V)) with gradients: one call per step, each from the
     state the previous one left (a's inputs are validated and q, k already normalised)."""
     outs, states, state = [], [], a.initial_state
-    kernel = kernel_for(backend, 1, gated=a.g is not None)
-    timed = {f: getattr(a, f) for f in ("q", "k", "v", "g", "beta") if getattr(a, f) is not None}
+    kernel = kernel_for(backend, 1, gated=a.g is not None or a.p is not None)
+    fields = ("q", "k", "v", "p", "g", "beta")
+    timed = {f: getattr(a, f) for f in fields if getattr(a, f) is not None}
     for t in range(a.q.shape[1]):
         step = a._replace(
             **{f: x[:, t : t + 1] for f, x in timed.items()},

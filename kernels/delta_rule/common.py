@@ -1,6 +1,7 @@
 """What the delta-rule family's Triton kernels share: the chunk size, the products, the index
 arithmetic of the (B, T, H, .) inputs and of the (B * H, K, V) state tiles, and the gate's
-in-chunk decays.
+in-chunk decays (one per head, USE_G; one per key channel, USE_GK, KDA; Comba's recalls before
+the decay, USE_P).
 
 Notation per batch row and head (see reference.py): state S (K, V); a chunk is C consecutive
 steps with rows Q, K (C, K), V (C, V), beta (C); Kb = diag(beta) K. Within a chunk the steps
@@ -26,6 +27,12 @@ G_i - G_j: with large decays (|G| ~ 1e4) that difference loses every digit float
 the sums of same-sign terms stay accurate; and no exp of a positive number is ever taken when
 g <= 0. The kernels recompute the decays from g where they need them (a (C, C) cumulative sum).
 
+With a decay per key channel (USE_GK) e, e_C and w are (C, K) and (K,) tiles and Gamma a
+(C, C, K) one: the products with it are sums over K of elementwise products (`key_pairs`,
+`key_mix`), in K blocks, over chunks of KEY_CHUNK = 16 steps. Comba (USE_P) recalls with its key
+p before each step's decay: in L and R, Kb becomes Pb = diag(beta) P, Gamma becomes Gamma_r
+(exp(G_{i-1} - G_j)) and e becomes e_r (exp(G_{i-1})) (`recall_decays`).
+
 Precision: states and accumulators in float32; with float32 inputs every tl.dot runs in IEEE
 float32, with float16/bfloat16 inputs tl.dot takes half-precision operands and accumulates in
 float32.
@@ -40,6 +47,8 @@ import triton.language as tl
 # which Triton miscompiled for these narrow V tiles; 32-row ones lower to mma.sync.
 CHUNK = 32
 SUB_BLOCK = 16  # diagonal blocks of the chunk inverse, inverted by substitution
+# KDA's chunks: its Gamma is a (C, C, K block) tile; at 16 steps one block of the inverse.
+KEY_CHUNK = 16
 
 
 @triton.jit
@@ -149,3 +158,74 @@ def chunk_decays(g_ptr, row_base, mask_t, C: tl.constexpr):
     w = tl.exp(tl.sum(tl.where(rows == C - 1, seg, 0.0), axis=0))
     gamma = tl.where(rows >= cols, tl.exp(seg), 0.0)
     return tl.exp(tl.cumsum(g, 0)), tl.exp(tl.sum(g, axis=0)), w, gamma
+
+
+@triton.jit
+def recall_decays(g_ptr, row_base, mask_t, H, C: tl.constexpr):
+    """Comba's recalls read the memory before their step's decay: (e_r (C,), Gamma_r (C, C)) with
+    e_r[i] = exp(G_{i-1}) and Gamma_r[i, j] = exp(g_{j+1} + ... + g_{i-1}) for j < i (zero
+    elsewhere), from each row's previous one (row_base - H; zero before the chunk), summed
+    directly."""
+    offs = tl.arange(0, C)
+    rows = offs[:, None]
+    cols = offs[None, :]
+    prev = tl.load(g_ptr + row_base - H, mask=mask_t & (offs > 0), other=0.0).to(tl.float32)
+    seg = tl.cumsum(tl.where(rows - 1 > cols, prev[:, None], 0.0), 0)
+    return tl.exp(tl.cumsum(prev, 0)), tl.where(rows > cols, tl.exp(seg), 0.0)
+
+
+@triton.jit
+def key_decays(g_ptr, row_base, t, mask_t, offs_k, mask_k, T, H, K, C: tl.constexpr):
+    """A decay per key channel (KDA's g (B, T, H, K)), channels offs_k: (e (C, BK), e_C (BK,),
+    w (C, BK)), float32; w_j = exp(g_{j+1} + ... + g_C) summed directly from the next rows (never
+    as G_C - G_j)."""
+    offs = tl.arange(0, C)
+    g = load_rows(g_ptr, row_base, mask_t, offs_k, mask_k, K).to(tl.float32)
+    later = mask_t & (offs < C - 1) & (t + 1 < T)  # the next row, inside the chunk
+    after = load_rows(g_ptr, row_base + H, later, offs_k, mask_k, K).to(tl.float32)
+    w = tl.exp(tl.cumsum(after, 0, reverse=True))
+    return tl.exp(tl.cumsum(g, 0)), tl.exp(tl.sum(g, axis=0)), w
+
+
+@triton.jit
+def key_gamma(g_ptr, row_base, mask_t, offs_k, mask_k, K, C: tl.constexpr):
+    """Gamma of a decay per key channel, (C, C, BK): exp(g_{j+1} + ... + g_i) channel by channel
+    for j <= i, zero above the diagonal (each column's segment summed directly)."""
+    offs = tl.arange(0, C)
+    rows = offs[:, None, None]
+    cols = offs[None, :, None]
+    g = load_rows(g_ptr, row_base, mask_t, offs_k, mask_k, K).to(tl.float32)
+    seg = tl.cumsum(tl.where(rows > cols, g[:, None, :], 0.0), 0)
+    return tl.where(rows >= cols, tl.exp(seg), 0.0)
+
+
+@triton.jit
+def key_pairs(a, b, gamma):
+    """sum_d a[i, d] b[j, d] gamma[i, j, d]: (C, C) from (C, BK) rows and a (C, C, BK) Gamma."""
+    return tl.sum(a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :] * gamma, axis=2)
+
+
+@triton.jit
+def key_mix(m, x, gamma):
+    """sum_j m[i, j] gamma[i, j, d] x[j, d]: (C, BK)."""
+    return tl.sum(m[:, :, None] * gamma * x.to(tl.float32)[None, :, :], axis=1)
+
+
+@triton.jit
+def key_mix_t(m, x, gamma):
+    """sum_i m[i, j] gamma[i, j, d] x[i, d]: (C, BK)."""
+    return tl.sum(m[:, :, None] * gamma * x.to(tl.float32)[:, None, :], axis=0)
+
+
+@triton.jit
+def key_scores(q_ptr, k_ptr, g_ptr, row_base, mask_t, K, C: tl.constexpr, BKG: tl.constexpr):
+    """P = sum_d q_id k_jd Gamma[i, j, d] of a decay per key channel, (C, C), in K blocks of
+    BKG (Gamma is a (C, C, BKG) tile)."""
+    qk = tl.zeros((C, C), dtype=tl.float32)
+    for k0 in range(0, K, BKG):
+        offs = k0 + tl.arange(0, BKG)
+        mask = offs < K
+        qb = load_rows(q_ptr, row_base, mask_t, offs, mask, K)
+        kb = load_rows(k_ptr, row_base, mask_t, offs, mask, K)
+        qk += key_pairs(qb, kb, key_gamma(g_ptr, row_base, mask_t, offs, mask, K, C))
+    return qk

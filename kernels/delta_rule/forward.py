@@ -15,7 +15,9 @@ decays g and folding the decays into the products:
     backward) and the final state. The state's value columns are independent, so V is split.
 `chunk_output_kernel`  grid (V blocks, chunks, B*H): O from the saved start states and U.
 
-Without the gate, g_ptr is never read (any pointer will do).
+USE_GK (a decay per key channel, KDA) reads g as (B, T, H, K) and forms the products with its
+(C, C, K) Gamma in K blocks of BKG; USE_P (Comba) recalls with p before each step's decay.
+Without the gate, g_ptr is never read, without USE_P p_ptr (any pointer will do).
 """
 
 from __future__ import annotations
@@ -29,7 +31,12 @@ from mecheval_kernels.delta_rule.common import (
     dot,
     dot_f32,
     dot_t,
+    key_decays,
+    key_gamma,
+    key_pairs,
+    key_scores,
     load_rows,
+    recall_decays,
     state_program,
     state_tile,
 )
@@ -37,30 +44,40 @@ from mecheval_kernels.delta_rule.common import (
 
 @triton.jit
 def chunk_inverse_kernel(
-    k_ptr, g_ptr, beta_ptr, a_ptr, T, H, K, NT,
-    C: tl.constexpr, SB: tl.constexpr, BK: tl.constexpr, USE_G: tl.constexpr, IEEE: tl.constexpr,
+    k_ptr, p_ptr, g_ptr, beta_ptr, a_ptr, T, H, K, NT,
+    C: tl.constexpr, SB: tl.constexpr, BK: tl.constexpr, USE_G: tl.constexpr,
+    USE_GK: tl.constexpr, USE_P: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     pid_c = tl.program_id(0)
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
     offs_c = tl.arange(0, C)
     t, mask_t, row_base = chunk_rows(b, h, pid_c, T, H, C)
-    gram = tl.zeros((C, C), dtype=tl.float32)
+    gram = tl.zeros((C, C), dtype=tl.float32)  # R K^T, R the recall keys (k, or Comba's p)
     for k0 in range(0, K, BK):
         offs_k = k0 + tl.arange(0, BK)
         kc = load_rows(k_ptr, row_base, mask_t, offs_k, offs_k < K, K)
-        gram += dot(kc, tl.trans(kc), IEEE, k_ptr.dtype.element_ty)
+        rc = kc
+        if USE_P:
+            rc = load_rows(p_ptr, row_base, mask_t, offs_k, offs_k < K, K)
+        if USE_GK:
+            gram += key_pairs(rc, kc, key_gamma(g_ptr, row_base, mask_t, offs_k, offs_k < K, K, C))
+        else:
+            gram += dot(rc, tl.trans(kc), IEEE, k_ptr.dtype.element_ty)
     beta = tl.load(beta_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
-    if USE_G:
-        _, _, _, gamma = chunk_decays(g_ptr, row_base, mask_t, C)
 
     rows = offs_c[:, None]
     cols = offs_c[None, :]
     eye = tl.where(rows == cols, 1.0, 0.0)
-    # L[i, j] = beta_i k_i.k_j (gated: times exp(G_i - G_j)), j < i
+    # L[i, j] = beta_i r_i.k_j (gated: times exp(G_i - G_j), Comba's exp(G_{i-1} - G_j); a decay
+    # per key channel is inside the sum), j < i
     lower = gram * beta[:, None]
     if USE_G:
-        lower = lower * gamma
+        if USE_P:
+            _, gamma_r = recall_decays(g_ptr, row_base, mask_t, H, C)
+        else:
+            _, _, _, gamma_r = chunk_decays(g_ptr, row_base, mask_t, C)
+        lower = lower * gamma_r
     lower = tl.where(rows > cols, lower, 0.0)
     same_block = (rows // SB) == (cols // SB)
     lower_d = tl.where(same_block, lower, 0.0)
@@ -85,10 +102,11 @@ def chunk_inverse_kernel(
 
 @triton.jit
 def chunk_state_fwd_kernel(
-    k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, init_ptr, h_ptr, u_ptr, final_ptr,
+    k_ptr, v_ptr, p_ptr, g_ptr, beta_ptr, a_ptr, init_ptr, h_ptr, u_ptr, final_ptr,
     T, H, K, V, NT,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_INIT: tl.constexpr, STORE_FINAL: tl.constexpr, USE_G: tl.constexpr, IEEE: tl.constexpr,
+    HAS_INIT: tl.constexpr, STORE_FINAL: tl.constexpr, USE_G: tl.constexpr,
+    USE_GK: tl.constexpr, USE_P: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     DT = k_ptr.dtype.element_ty
     offs_c = tl.arange(0, C)
@@ -100,11 +118,20 @@ def chunk_state_fwd_kernel(
         tl.store(h_ptr + (bh64 * NT + c) * K * V + state_offs, state, mask=mask_kv)
         if USE_G:
             e, e_last, w, _ = chunk_decays(g_ptr, row_base, mask_t, C)
+            if USE_P:
+                e, _ = recall_decays(g_ptr, row_base, mask_t, H, C)  # the recalls' e_r
+        if USE_GK:
+            ek, ek_last, wk = key_decays(g_ptr, row_base, t, mask_t, offs_k, mask_k, T, H, K, C)
         kc = load_rows(k_ptr, row_base, mask_t, offs_k, mask_k, K)
         vc = load_rows(v_ptr, row_base, mask_t, offs_v, mask_v, V).to(tl.float32)
         beta = tl.load(beta_ptr + row_base, mask=mask_t, other=0.0).to(tl.float32)
         a = tl.load(a_ptr + ((bh64 * NT + c) * C + offs_c[:, None]) * C + offs_c[None, :])
-        recalled = dot(kc, state, IEEE, DT)
+        if USE_P:
+            recalled = dot(load_rows(p_ptr, row_base, mask_t, offs_k, mask_k, K), state, IEEE, DT)
+        elif USE_GK:
+            recalled = dot(kc.to(tl.float32) * ek, state, IEEE, DT)
+        else:
+            recalled = dot(kc, state, IEEE, DT)
         if USE_G:
             recalled = e[:, None] * recalled
         r = beta[:, None] * (vc - recalled)
@@ -116,6 +143,8 @@ def chunk_state_fwd_kernel(
         )
         if USE_G:
             state = e_last * state + dot_t(kc.to(tl.float32) * w[:, None], u, IEEE, DT)
+        elif USE_GK:
+            state = ek_last[:, None] * state + dot_t(kc.to(tl.float32) * wk, u, IEEE, DT)
         else:
             state += dot_t(kc, u, IEEE, DT)
     if STORE_FINAL:
@@ -125,7 +154,8 @@ def chunk_state_fwd_kernel(
 @triton.jit
 def chunk_output_kernel(
     q_ptr, k_ptr, g_ptr, h_ptr, u_ptr, o_ptr, scale, T, H, K, V, NT,
-    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, IEEE: tl.constexpr,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKG: tl.constexpr,
+    USE_G: tl.constexpr, USE_GK: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     pid_c = tl.program_id(1)
     bh = tl.program_id(2)
@@ -142,11 +172,15 @@ def chunk_output_kernel(
     kc = load_rows(k_ptr, row_base, mask_t, offs_k, mask_k, K)
     state = tl.load(h_ptr + (bh64 * NT + pid_c) * K * V + state_offs, mask=mask_kv, other=0.0)
     u = tl.load(u_ptr + (bh64 * T + t)[:, None] * V + offs_v[None, :], mask=mask_tv, other=0.0)
-    qk = dot(qc, tl.trans(kc), IEEE, DT)
-    if USE_G:
-        qk = qk * gamma
+    if USE_GK:
+        qk = key_scores(q_ptr, k_ptr, g_ptr, row_base, mask_t, K, C, BKG)
+        ek, _, _ = key_decays(g_ptr, row_base, t, mask_t, offs_k, mask_k, T, H, K, C)
+        qs = dot(qc.to(tl.float32) * ek, state, IEEE, DT)
+    elif USE_G:
+        qk = dot(qc, tl.trans(kc), IEEE, DT) * gamma
         qs = e[:, None] * dot(qc, state, IEEE, DT)
     else:
+        qk = dot(qc, tl.trans(kc), IEEE, DT)
         qk = tl.where(offs_c[:, None] >= offs_c[None, :], qk, 0.0)
         qs = dot(qc, state, IEEE, DT)
     o = (qs + dot(qk, u, IEEE, DT)) * scale

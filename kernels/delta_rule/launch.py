@@ -17,7 +17,7 @@ import triton
 
 from mecheval_kernels._launch import Launch
 from mecheval_kernels.delta_rule.backward import chunk_grad_kernel, chunk_state_bwd_kernel
-from mecheval_kernels.delta_rule.common import CHUNK, SUB_BLOCK
+from mecheval_kernels.delta_rule.common import CHUNK, KEY_CHUNK, SUB_BLOCK
 from mecheval_kernels.delta_rule.forward import (
     chunk_inverse_kernel,
     chunk_output_kernel,
@@ -29,6 +29,8 @@ from mecheval_kernels.delta_rule.recurrent import recurrent_bwd_kernel, recurren
 INVERSE_WARPS = 4
 # Programs below which the sequential kernels split V further (down to 16 columns).
 MIN_PROGRAMS = 128
+# K block of the (C, C, K block) Gamma tiles of a decay per key channel (USE_GK).
+KEY_BLOCK = 32
 
 
 def _pow2(n: int) -> int:
@@ -65,8 +67,13 @@ def chunked_launches(
     """The chunked kernels. The state kernels hold the whole K in one tile, so their V blocks
     stay narrow (no register spills on sm_90 up to K = 128 in fp16/bf16); the output kernel is
     parallel over chunks, so wider V blocks; the gradient kernel holds two (C, C) and three
-    (C, BK) float32 accumulators, so small tiles and single-stage loads."""
+    (C, BK) float32 accumulators, so small tiles and single-stage loads. A decay per key channel
+    (USE_GK) runs 16-step chunks whose (C, C, K block) Gamma tiles take K in blocks of
+    KEY_BLOCK (16 in the gradient kernel, which holds one beside four (C, K block) products)."""
     BK, ieee = _pow2(K), dtype == torch.float32
+    per_key = flags.get("USE_GK", False)
+    chunk, grad_bk = (KEY_CHUNK, 16) if per_key else (CHUNK, min(BK, 32))
+    key_block = min(BK, KEY_BLOCK)
     state_bv = _split_for_parallelism(
         min(_pow2(V), 32 if BK <= 32 and not ieee else 16), V, programs
     )
@@ -75,22 +82,50 @@ def chunked_launches(
     else:
         out_bv = min(_pow2(V), 64 if BK <= 128 else 32)
     state_warps = 4 if BK <= 32 else 8
-    common = dict(C=CHUNK, IEEE=ieee)
+    common = dict(C=chunk, IEEE=ieee)
+    inverse_bk = key_block if per_key else min(BK, 64)
+    # Comba's reverse pass holds p's rows beside k's: at K = 256 in fp32 the default three-stage
+    # pipeline needs more shared memory than sm_90 has (mecheval_kernels.compile_check).
+    state_bwd_stages = 2 if flags.get("USE_P", False) and ieee and BK > 128 else None
     return {
         "inverse": _launch(
-            chunk_inverse_kernel, flags, INVERSE_WARPS, SB=SUB_BLOCK, BK=min(BK, 64), **common
+            chunk_inverse_kernel, flags, INVERSE_WARPS, SB=SUB_BLOCK, BK=inverse_bk, **common
         ),
         "state_fwd": _launch(
             chunk_state_fwd_kernel, flags, state_warps, BK=BK, BV=state_bv, **common
         ),
         "output": _launch(
-            chunk_output_kernel, flags, 8 if BK >= 64 else 4, BK=BK, BV=out_bv, **common
-        ),
+            chunk_output_kernel,
+            flags,
+            8 if BK >= 64 else 4,
+            BK=BK,
+            BV=out_bv,
+            BKG=key_block,
+            **common,
+        ),  # fmt: skip
         "state_bwd": _launch(
-            chunk_state_bwd_kernel, flags, state_warps, BK=BK, BV=state_bv, **common
-        ),
-        "grad": _launch(chunk_grad_kernel, flags, 4, 1, BK=min(BK, 32), BV=16, **common),
+            chunk_state_bwd_kernel,
+            flags,
+            state_warps,
+            state_bwd_stages,
+            BK=BK,
+            BV=state_bv,
+            BKG=key_block,
+            **common,
+        ),  # fmt: skip
+        "grad": _launch(chunk_grad_kernel, flags, 4, 1, BK=grad_bk, BV=16, **common),
     }
+
+
+def _chunk(a: DeltaArgs) -> int:
+    """Steps per chunk: KEY_CHUNK with a decay per key channel, else CHUNK."""
+    return KEY_CHUNK if a.g is not None and a.g.dim() == 4 else CHUNK
+
+
+def _flags(a: DeltaArgs) -> dict[str, bool]:
+    """The gate and recall-key flags of a call."""
+    per_key = a.g is not None and a.g.dim() == 4
+    return dict(USE_G=a.g is not None and not per_key, USE_GK=per_key, USE_P=a.p is not None)
 
 
 def _empty(like: torch.Tensor, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -100,9 +135,7 @@ def _empty(like: torch.Tensor, *shape: int, dtype: torch.dtype | None = None) ->
     return torch.empty(shape, dtype=like.dtype if dtype is None else dtype, device=like.device)
 
 
-def empty_saved(
-    q: torch.Tensor, v: torch.Tensor, kernel: str
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def empty_saved(a: DeltaArgs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The forward's saved buffers (u rows, chunk start states, chunk inverses), unfilled.
 
     u (B, H, T, V) and, for the chunked kernels, h (B, H, NT, K, V) in float32, and A
@@ -110,15 +143,17 @@ def empty_saved(
     enters tl.dot as a half-precision operand). The recurrent kernel saves u only; the other
     two are then empty placeholders.
     """
+    q, v, kernel = a.q, a.v, a.kernel
     B, T, H, K = q.shape
     V = v.shape[-1]
     f32 = torch.float32
     u = _empty(q, B, H, T, V, dtype=f32)
     if kernel == "recurrent":
         return u, _empty(q, 0, dtype=f32), _empty(q, 0, dtype=f32)
-    NT = triton.cdiv(T, CHUNK)
+    C = _chunk(a)
+    NT = triton.cdiv(T, C)
     a_dtype = f32 if q.dtype == f32 else q.dtype
-    return u, _empty(q, B, H, NT, K, V, dtype=f32), _empty(q, B, H, NT, CHUNK, CHUNK, dtype=a_dtype)
+    return u, _empty(q, B, H, NT, K, V, dtype=f32), _empty(q, B, H, NT, C, C, dtype=a_dtype)
 
 
 def _contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -129,12 +164,12 @@ def forward(a: DeltaArgs) -> tuple[torch.Tensor, ...]:
     """o (B, T, H, V) in q's dtype, the final state (B, H, K, V) float32 or None, and the
     buffers the backward needs (see `empty_saved`)."""
     q, k, v, beta = (t.contiguous() for t in (a.q, a.k, a.v, a.beta))
-    g, init = _contiguous(a.g), _contiguous(a.initial_state)
+    p, g, init = _contiguous(a.p), _contiguous(a.g), _contiguous(a.initial_state)
     B, T, H, K = q.shape
     V = v.shape[-1]
     o = _empty(q, B, T, H, V)
     final = _empty(q, B, H, K, V, dtype=torch.float32) if a.output_final_state else None
-    saved = empty_saved(q, v, a.kernel)
+    saved = empty_saved(a._replace(q=q, v=v))
     if B == 0:
         return o, final, *saved
     u, h, A = saved
@@ -142,7 +177,8 @@ def forward(a: DeltaArgs) -> tuple[torch.Tensor, ...]:
     init_arg = init if init is not None else o
     final_arg = final if final is not None else o
     g_arg = g if g is not None else u
-    flags = dict(HAS_INIT=init is not None, STORE_FINAL=final is not None, USE_G=g is not None)
+    p_arg = p if p is not None else k
+    flags = dict(HAS_INIT=init is not None, STORE_FINAL=final is not None, **_flags(a))
     if (
         a.kernel == "recurrent"
     ):  # the delta rule's alone (mecheval_kernels.delta_rule.op.kernel_for)
@@ -150,12 +186,12 @@ def forward(a: DeltaArgs) -> tuple[torch.Tensor, ...]:
         launch((triton.cdiv(V, launch.constants["BV"]), B * H),
                q, k, v, beta, init_arg, o, u, final_arg, a.scale, T, H, K, V)  # fmt: skip
         return o, final, *saved
-    NT = triton.cdiv(T, CHUNK)
+    NT = triton.cdiv(T, _chunk(a))
     launches = chunked_launches(K, V, q.dtype, B * H, **flags)
-    launches["inverse"]((NT, B * H), k, g_arg, beta, A, T, H, K, NT)
+    launches["inverse"]((NT, B * H), k, p_arg, g_arg, beta, A, T, H, K, NT)
     launch = launches["state_fwd"]
     launch((triton.cdiv(V, launch.constants["BV"]), B * H),
-           k, v, g_arg, beta, A, init_arg, h, u, final_arg, T, H, K, V, NT)  # fmt: skip
+           k, v, p_arg, g_arg, beta, A, init_arg, h, u, final_arg, T, H, K, V, NT)  # fmt: skip
     launch = launches["output"]
     launch((triton.cdiv(V, launch.constants["BV"]), NT, B * H),
            q, k, g_arg, h, u, o, a.scale, T, H, K, V, NT)  # fmt: skip
@@ -163,10 +199,10 @@ def forward(a: DeltaArgs) -> tuple[torch.Tensor, ...]:
 
 
 def backward(a: DeltaArgs, grads: tuple, saved: tuple) -> list[torch.Tensor | None]:
-    """Gradients (dq, dk, dv, dg, dbeta, dinitial_state), None for an absent g or
+    """Gradients (dq, dk, dv, dp, dg, dbeta, dinitial_state), None for an absent p, g or
     initial_state; dg and dbeta in float32."""
     q, k, v, beta, do = (t.contiguous() for t in (a.q, a.k, a.v, a.beta, grads[0]))
-    g, init = _contiguous(a.g), _contiguous(a.initial_state)
+    p, g, init = _contiguous(a.p), _contiguous(a.g), _contiguous(a.initial_state)
     dfinal = grads[1].contiguous() if a.output_final_state else None
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -177,11 +213,12 @@ def backward(a: DeltaArgs, grads: tuple, saved: tuple) -> list[torch.Tensor | No
     if B == 0:
         zeros = torch.zeros_like
         dg = None if g is None else zeros(g, dtype=f32)
-        return [zeros(q), zeros(k), dv, dg, zeros(beta, dtype=f32), dinit]
+        dp = None if p is None else zeros(p)
+        return [zeros(q), zeros(k), dv, dp, dg, zeros(beta, dtype=f32), dinit]
     dinit_arg = dinit if dinit is not None else dv
     dfinal_arg = dfinal if dfinal is not None else dv
     flags = dict(HAS_INIT=init is not None, HAS_DFINAL=dfinal is not None,
-                 STORE_DINIT=dinit is not None, USE_G=g is not None)  # fmt: skip
+                 STORE_DINIT=dinit is not None, **_flags(a))  # fmt: skip
     if a.kernel == "recurrent":
         launch = recurrent_launches(K, V, B * H, **flags)["backward"]
         NV = triton.cdiv(V, launch.constants["BV"])
@@ -192,27 +229,33 @@ def backward(a: DeltaArgs, grads: tuple, saved: tuple) -> list[torch.Tensor | No
         launch((NV, B * H), q, k, v, beta, init if init is not None else dv, u, do, dfinal_arg,
                du, dq_part, dk_part, dv, dbeta_part, dinit_arg, a.scale, B, T, H, K, V)  # fmt: skip
         # Fixed-order sums over the V blocks: deterministic.
-        return [dq_part.sum(0), dk_part.sum(0), dv, None, dbeta_part.sum(0), dinit]
-    NT = triton.cdiv(T, CHUNK)
+        return [dq_part.sum(0), dk_part.sum(0), dv, None, None, dbeta_part.sum(0), dinit]
+    NT = triton.cdiv(T, _chunk(a))
     dh = torch.empty_like(h)
     dr = torch.empty_like(u)
     launches = chunked_launches(K, V, q.dtype, B * H, **flags)
     g_arg = g if g is not None else u
+    p_arg = p if p is not None else k
     launch = launches["state_bwd"]
     launch((triton.cdiv(V, launch.constants["BV"]), B * H),
-           q, k, g_arg, beta, A, do, dfinal_arg, dh, dr, dinit_arg, a.scale, T, H, K, V,
+           q, k, p_arg, g_arg, beta, A, do, dfinal_arg, dh, dr, dinit_arg, a.scale, T, H, K, V,
            NT)  # fmt: skip
     launch = launches["grad"]
     NK = triton.cdiv(K, launch.constants["BK"])
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
+    dp = None if p is None else torch.empty_like(p)
     dbeta_part = _empty(q, NK, B, T, H, dtype=f32)
-    dg_part = None if g is None else _empty(q, NK, B, T, H, dtype=f32)
-    launch((NK, NT, B * H), q, k, v, g_arg, beta, h, dh, u, dr, do, dq, dk, dv, dbeta_part,
-           dbeta_part if dg_part is None else dg_part, a.scale, B, T, H, K, V, NT)  # fmt: skip
+    # A decay per key channel: each K block writes its channels of dg; one per head: its part.
+    per_key = flags["USE_GK"]
+    dg_part = None if g is None else _empty(q, *((B, T, H, K) if per_key else (NK, B, T, H)),
+                                            dtype=f32)  # fmt: skip
+    launch((NK, NT, B * H), q, k, v, p_arg, g_arg, beta, h, dh, u, dr, do, dq, dk, dv,
+           dq if dp is None else dp, dbeta_part, dbeta_part if dg_part is None else dg_part,
+           a.scale, B, T, H, K, V, NT)  # fmt: skip
     # Fixed-order sums over the K blocks: deterministic.
-    dg = None if dg_part is None else dg_part.sum(0)
-    return [dq, dk, dv, dg, dbeta_part.sum(0), dinit]
+    dg = dg_part if dg_part is None or per_key else dg_part.sum(0)
+    return [dq, dk, dv, dp, dg, dbeta_part.sum(0), dinit]
 
 
 # Pointers to float32 buffers whatever the input dtype (states, u rows, partial sums), and g,
@@ -237,15 +280,19 @@ FLOAT32_POINTERS = frozenset(
 )
 
 
-def hopper_specialisations(gated: bool = False) -> list:
+def hopper_specialisations(
+    gated: bool = False, per_key: bool = False, recall_key: bool = False
+) -> list:
     """The launch configurations to compile-check for sm_90 (see mecheval_kernels.compile_check):
     every kernel of the delta rule (or, `gated`, of the gated delta rule: the chunked ones with
-    USE_G) as the host code launches it, at the benchmark's head size in bf16, a padded head (K=100,
-    V=36) in fp16 and the largest head in fp32 (the most shared memory). None may use wgmma (see
+    USE_G; `per_key`, KDA's, with USE_GK; `recall_key` with `gated`, Comba's, with USE_P) as the
+    host code launches it, at the benchmark's head size in bf16, a padded head (K=100, V=36) in
+    fp16 and the largest head in fp32 (the most shared memory). None may use wgmma (see
     common.CHUNK)."""
     from mecheval_kernels.compile_check import Specialisation
 
-    flags = dict(HAS_INIT=True, STORE_FINAL=True, HAS_DFINAL=True, STORE_DINIT=True, USE_G=gated)
+    flags = dict(HAS_INIT=True, STORE_FINAL=True, HAS_DFINAL=True, STORE_DINIT=True,
+                 USE_G=gated, USE_GK=per_key, USE_P=recall_key)  # fmt: skip
     specs = []
     for K, V, dtype in (
         (128, 128, torch.bfloat16),
@@ -253,7 +300,7 @@ def hopper_specialisations(gated: bool = False) -> list:
         (256, 256, torch.float32),
     ):
         launches = chunked_launches(K, V, dtype, 64, **flags)
-        if not gated:
+        if not (gated or per_key):
             recurrent = recurrent_launches(K, V, 64, **flags)
             launches.update({f"recurrent_{n}": x for n, x in recurrent.items()})
         for launch in launches.values():

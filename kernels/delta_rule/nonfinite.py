@@ -26,7 +26,7 @@ def all_finite(args: DeltaArgs) -> bool:
     at a model's size)."""
     if args.q.device.type != "cpu":
         return False
-    tensors = (args.q, args.k, args.v, args.g, args.beta, args.initial_state)
+    tensors = (args.q, args.k, args.v, args.p, args.g, args.beta, args.initial_state)
     return all(math.isfinite(t.sum(dtype=torch.float32)) for t in tensors if t is not None)
 
 
@@ -61,17 +61,19 @@ class NonFinite(AllFinite):
             return t.masked_fill(bad, 0), bad
 
         (q, bad_q), (k, bad_k), (v, bad_v) = zeroed(args.q), zeroed(args.k), zeroed(args.v)
-        (g, bad_g), (beta, bad_beta) = zeroed(args.g), zeroed(args.beta)
+        (g, bad_g), (beta, bad_beta), (p, bad_p) = zeroed(args.g), zeroed(args.beta), zeroed(args.p)
         whole = bad_k.any(-1) | bad_beta  # (B, T, H): every state column
-        if bad_g is not None:
-            whole |= bad_g
+        if bad_p is not None:
+            whole |= bad_p.any(-1)
+        if bad_g is not None:  # one per head, or one per key channel
+            whole |= bad_g if bad_g.dim() == 3 else bad_g.any(-1)
         written = whole[..., None] | bad_v  # (B, T, H, V): the state columns made non-finite
         initial, bad_initial = zeroed(args.initial_state)
         if bad_initial is not None:
             written[:, 0] |= bad_initial.any(-2)
         self.state_columns = written.cummax(dim=1).values  # (B, T, H, V), from t on
         self.outputs = self.state_columns | bad_q.any(-1, keepdim=True)
-        super().__init__(args._replace(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial))
+        super().__init__(args._replace(q=q, k=k, v=v, p=p, g=g, beta=beta, initial_state=initial))
 
     def output(self, o: torch.Tensor) -> torch.Tensor:
         return o.masked_fill(self.outputs, torch.nan)

@@ -1,5 +1,6 @@
 """The PyTorch path of the delta-rule family (CPU fast path): the chunked WY form in batched
-matmuls, the gate (the gated delta rule's log decays g) optional.
+matmuls, the gate (the gated delta rule's log decays g, one per head or, KDA, one per key
+channel) optional, and Comba's recall key p.
 
 Within a chunk of C steps starting from state S (rows Q (pre-scaled), K, V, beta; Kb =
 diag(beta) K), let G_i = g_1 + ... + g_i (the chunk's cumulative log decay), e_i = exp(G_i),
@@ -12,7 +13,14 @@ above the diagonal). The per-step recurrence unrolls to
     S' = e_C S + (diag(w) K)^T U
 
 so only U and S' are left to the sequential loop over chunks (T / C steps of matmuls instead of
-T steps of matrix-vector products); O is one batched matmul over all chunks afterwards. Without
+T steps of matrix-vector products); O is one batched matmul over all chunks afterwards.
+
+With a decay per key channel (KDA) G_i, e_i, w_i are (K,) vectors, diag(e) X means X's rows
+scaled channel by channel, and Gamma[i, j] is a (K,) vector too: the products with it become
+sums over K of q_i k_j Gamma[i, j] (formed as (C, C, K) tensors, so its chunks are shorter,
+`KEY_CHUNK_SIZE`), and e_C S scales S's rows. Comba recalls with p before the step's decay: in
+L and R, Kb becomes Pb = diag(beta) P, Gamma[i, j] becomes exp(G_{i-1} - G_j) and e_i becomes
+exp(G_{i-1}) (`Decays.gamma_r`, `e_r`). Without
 a gate (the delta rule) every decay is 1 and Gamma the lower triangle of ones: the products
 with them are skipped (`Decays` is None). Differences of G are never formed: they are the
 segment sums g_{j+1} + ... + g_i, summed directly (a masked cumulative sum), because with large
@@ -44,13 +52,19 @@ from mecheval_kernels.delta_rule.op import DeltaArgs
 # Steps per chunk: the sequential loop then runs T / 64 steps of (64, K) x (K, V) matmuls.
 # Sequences shorter than this are one chunk of their own length.
 CHUNK_SIZE = 64
+# With a decay per key channel, the in-chunk decays are (C, C, K) per chunk (T C K floats in all):
+# at the study's model (B32 T37 H1 K=V=64, one thread) chunks of 8 / 16 / 32 steps took 18 /
+# 34 / 126 ms forward+backward, at B1 T512 H4 K=V=128 92 / 120 / 211 ms.
+KEY_CHUNK_SIZE = 8
 # Up to this many positions per row, their states are formed one by one (a masked matmul
 # each); more, and every state of the sequence is formed (a running sum) and picked from.
 FEW_POSITIONS = 4
 
 
-def _chunking(T: int) -> tuple[int, int]:
-    chunk = min(CHUNK_SIZE, T)
+def _chunking(args: DeltaArgs) -> tuple[int, int]:
+    T = args.q.shape[1]
+    per_key = args.g is not None and args.g.dim() == 4
+    chunk = min(KEY_CHUNK_SIZE if per_key else CHUNK_SIZE, T)
     return chunk, -(-T // chunk)
 
 
@@ -71,14 +85,15 @@ def _from_chunks(x: torch.Tensor, T: int) -> torch.Tensor:
 
 
 def empty_saved(
-    q: torch.Tensor, v: torch.Tensor, kernel: str = "chunked", states: bool = True
+    args: DeltaArgs, states: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """The forward's saved buffers, unfilled: U rows (n, B, H, C, V), chunk start states
     (n, B, H, K, V; None without `states`) and A (n, B, H, C, C), in float32 (float64 for
-    float64 inputs). The PyTorch path has one kernel: `kernel` is ignored."""
+    float64 inputs). The PyTorch path has one kernel: `args.kernel` is ignored."""
+    q, v = args.q, args.v
     B, T, H, K = q.shape
     V = v.shape[-1]
-    chunk, n = _chunking(T)
+    chunk, n = _chunking(args)
     dtype = compute_dtype(q)
     return (
         q.new_empty(n, B, H, chunk, V, dtype=dtype),
@@ -94,49 +109,97 @@ class Chunks(NamedTuple):
     k: torch.Tensor  # (.., K)
     v: torch.Tensor  # (.., V)
     beta: torch.Tensor  # (.., 1)
-    g: torch.Tensor | None  # (.., 1), None without a gate
+    g: torch.Tensor | None  # (.., 1), (.., K) for a decay per key channel, None without a gate
+    p: torch.Tensor | None  # (.., K) Comba's recall key, or None
+
+    @property
+    def recall(self) -> torch.Tensor:
+        """The key each step recalls with: p (Comba) or k."""
+        return self.k if self.p is None else self.p
 
 
 def _chunked_inputs(a: DeltaArgs) -> Chunks:
     compute = compute_dtype(a.q)
-    chunk, n = _chunking(a.q.shape[1])
-    cut = lambda x: _to_chunks(x.to(compute), chunk, n)  # noqa: E731
-    g = None if a.g is None else cut(a.g.unsqueeze(-1))
-    return Chunks(cut(a.q) * a.scale, cut(a.k), cut(a.v), cut(a.beta.unsqueeze(-1)), g)
+    chunk, n = _chunking(a)
+    cut = lambda x: None if x is None else _to_chunks(x.to(compute), chunk, n)  # noqa: E731
+    g = None if a.g is None else cut(a.g if a.g.dim() == 4 else a.g.unsqueeze(-1))
+    return Chunks(cut(a.q) * a.scale, cut(a.k), cut(a.v), cut(a.beta.unsqueeze(-1)), g, cut(a.p))
 
 
 class Decays(NamedTuple):
-    """A chunk's decays from its log decays g (see the module docstring)."""
+    """A chunk's decays from its log decays g (see the module docstring); the last axis is 1 for
+    a decay per head, K for one per key channel (Gamma then (n, B, H, C, C, K))."""
 
-    e: torch.Tensor  # (n, B, H, C, 1) exp(G)
-    w: torch.Tensor  # (n, B, H, C, 1) exp(G_C - G)
-    last: torch.Tensor  # (n, B, H, 1, 1) e_C
-    gamma: torch.Tensor  # (n, B, H, C, C) Gamma, zero above the diagonal
+    e: torch.Tensor  # (n, B, H, C, 1 or K) exp(G)
+    w: torch.Tensor  # (n, B, H, C, 1 or K) exp(G_C - G)
+    last: torch.Tensor  # (n, B, H, 1 or K, 1) e_C, scaling S's rows
+    gamma: torch.Tensor  # (n, B, H, C, C[, K]) Gamma, zero above the diagonal
+    e_r: torch.Tensor  # the decays of the recalls: e, or Comba's exp(G_{i-1})
+    gamma_r: torch.Tensor  # Gamma of the recalls: strictly lower; Comba's exp(G_{i-1} - G_j)
 
 
-def _decays(g: torch.Tensor | None) -> Decays | None:
-    """The decays of the chunks' g (n, B, H, C, 1); None without a gate."""
+def _decays(g: torch.Tensor | None, recall_first: bool = False) -> Decays | None:
+    """The decays of the chunks' g (n, B, H, C, 1 or K); None without a gate. `recall_first`:
+    Comba's recalls, before each step's decay."""
     if g is None:
         return None
-    C = g.shape[3]
+    C, per_key = g.shape[3], g.shape[-1] > 1
     ones = torch.ones(C, C, dtype=torch.bool, device=g.device)
+    lower, strict = (ones.tril(), ones.tril(-1)) if not per_key else (
+        ones.tril()[:, :, None], ones.tril(-1)[:, :, None])  # fmt: skip
+    rows = g[..., :, None, :] if per_key else g  # [l, j] = g_l, over the (C, C) pairs
     # seg[i, j] = g_{j+1} + ... + g_i: each column summed from zero, never G_i - G_j.
-    seg = (g * ones.tril(-1)).cumsum(-2)  # g * mask: [l, j] = g_l for l > j
-    gamma = seg.exp() * ones.tril()
+    seg = (rows * strict).cumsum(-3 if per_key else -2)
+    gamma = seg.exp() * lower
     G = g.cumsum(3)
-    return Decays(G.exp(), seg[..., -1, :].unsqueeze(-1).exp(), G[..., -1:, :].exp(), gamma)
+    e, last_row = G.exp(), G[..., -1, :]
+    w = seg[..., -1, :, :] if per_key else seg[..., -1, :].unsqueeze(-1)
+    last = last_row.exp().unsqueeze(-1) if per_key else last_row.exp()[..., None]
+    if recall_first:  # row i of Gamma_r and e_r is row i - 1 of Gamma and e (zero, one at i = 0)
+        gamma_r = F.pad(gamma, (0, 0, 0, 0, 1, -1) if per_key else (0, 0, 1, -1))
+        e_r = torch.cat([torch.ones_like(e[..., :1, :]), e[..., :-1, :]], dim=-2)
+    else:
+        gamma_r, e_r = gamma * strict, e
+    return Decays(e, w.exp(), last, gamma, e_r, gamma_r)
+
+
+def _pairs(a: torch.Tensor, b: torch.Tensor, gamma: torch.Tensor | None) -> torch.Tensor:
+    """sum_d a_id b_jd Gamma[i, j](d), (.., C, C): a @ b^T times Gamma (per channel when Gamma
+    has one)."""
+    if gamma is None:
+        return a @ b.transpose(-1, -2)
+    if gamma.dim() == a.dim():
+        return (a @ b.transpose(-1, -2)) * gamma
+    # Per channel: row i is (Gamma[i] * b) a_i, a batch of (C, K) x (K, 1) products.
+    return ((gamma * b[..., None, :, :]) @ a[..., :, :, None]).squeeze(-1)
+
+
+def _mix(m: torch.Tensor, x: torch.Tensor, gamma, transposed: bool = False) -> torch.Tensor:
+    """sum_j m_ij Gamma[i, j] x_j, or (`transposed`) sum_i m_ij Gamma[i, j] x_i, (.., C, D):
+    m @ x through Gamma (per channel when Gamma has one; None: m as it is)."""
+    if gamma is None or gamma.dim() == m.dim():
+        mg = m if gamma is None else m * gamma
+        return (mg.transpose(-1, -2) if transposed else mg) @ x
+    # Per channel: row i is m_i (Gamma[i] * x), a batch of (1, C) x (C, K) products (transposed:
+    # column j, m[:, j]^T (Gamma[:, j] * x)).
+    if transposed:
+        gx = (gamma * x[..., :, None, :]).transpose(-3, -2)  # [j, i, d]
+        return (m.transpose(-1, -2)[..., :, None, :] @ gx).squeeze(-2)
+    return (m[..., :, None, :] @ (gamma * x[..., None, :, :])).squeeze(-2)
 
 
 def _scores(x: Chunks, decays: Decays | None) -> torch.Tensor:
     """P = tril(Q K^T) * Gamma, (n, B, H, C, C): what each step reads of the chunk's writes."""
-    qk = x.q @ x.k.transpose(-1, -2)
-    return qk.tril() if decays is None else qk * decays.gamma
+    if decays is None:
+        return (x.q @ x.k.transpose(-1, -2)).tril()
+    return _pairs(x.q, x.k, decays.gamma)
 
 
-def _lower(kb: torch.Tensor, x: Chunks, decays: Decays | None) -> torch.Tensor:
-    """L = tril(Kb K^T, -1) * Gamma, (n, B, H, C, C)."""
-    kk = kb @ x.k.transpose(-1, -2)
-    return kk.tril(-1) if decays is None else kk * decays.gamma.tril(-1)
+def _lower(rb: torch.Tensor, x: Chunks, decays: Decays | None) -> torch.Tensor:
+    """L = tril(Rb K^T, -1) * Gamma_r, (n, B, H, C, C); Rb = diag(beta) times the recall key."""
+    if decays is None:
+        return (rb @ x.k.transpose(-1, -2)).tril(-1)
+    return _pairs(rb, x.k, decays.gamma_r)
 
 
 def _decayed(x: torch.Tensor, by: torch.Tensor | None) -> torch.Tensor:
@@ -161,19 +224,19 @@ def _run(args: DeltaArgs, save: bool = True) -> _Pass:
     will run) the start states are not copied into a buffer: h is the list of them as they ran,
     None for a zero one."""
     x = _chunked_inputs(args)
-    decays = _decays(x.g)
-    u, h, a = empty_saved(args.q, args.v, states=save)
-    kb = x.k * x.beta
-    lower = _lower(kb, x, decays)
+    decays = _decays(x.g, recall_first=x.p is not None)
+    u, h, a = empty_saved(args, states=save)
+    rb = x.recall * x.beta
+    lower = _lower(rb, x, decays)
     eye = torch.eye(lower.shape[-1], dtype=lower.dtype, device=lower.device)
     torch.linalg.solve_triangular(
         eye + lower, eye.expand_as(lower), upper=False, unitriangular=True, out=a
     )
-    e, w, last = (None, None, None) if decays is None else decays[:3]
+    w, last, e_r = (None, None, None) if decays is None else (decays.w, decays.last, decays.e_r)
     state = None if args.initial_state is None else args.initial_state.to(u.dtype)
     w_v = a @ (x.v * x.beta)
-    # A (diag(e)) Kb is applied to a nonzero start state only: not at all in one chunk from zero.
-    w_k = None if state is None and u.shape[0] == 1 else a @ _decayed(kb, e)
+    # A (diag(e)) Rb is applied to a nonzero start state only: not at all in one chunk from zero.
+    w_k = None if state is None and u.shape[0] == 1 else a @ _decayed(rb, e_r)
     kw = _decayed(x.k, w)
     starts = []
     for c in range(u.shape[0]):
@@ -242,12 +305,12 @@ def forward_out_at(args: DeltaArgs, at: torch.Tensor) -> tuple[torch.Tensor, ...
     pick = (lambda x: x[0]) if p.u.shape[0] == 1 else (lambda x: x[c, rows])  # noqa: E731
     row_j = lambda x: pick(x)[rows, :, j][:, :, None]  # (B, H, 1, .): row j  # noqa: E731
     q_at = row_j(p.x.q)  # (B, H, 1, K)
-    scores = q_at @ pick(p.x.k).transpose(-1, -2)  # (B, H, 1, C)
     if p.decays is None:
+        scores = q_at @ pick(p.x.k).transpose(-1, -2)  # (B, H, 1, C)
         later = torch.arange(chunk, device=at.device) > j[:, None]  # (B, C): written after t
         scores = scores.masked_fill(later[:, None, None, :], 0.0)
-    else:
-        scores = scores * row_j(p.decays.gamma)
+    else:  # Gamma's row j, (B, H, 1, C[, K])
+        scores = _pairs(q_at, pick(p.x.k), row_j(p.decays.gamma))
     o = scores @ pick(p.u)  # (B, H, 1, V)
     h = _stacked(p.h)
     if h is not None:
@@ -298,29 +361,30 @@ def _states_one_by_one(p: _Pass, at: torch.Tensor) -> torch.Tensor:
     if p.decays is None:  # (B, P, 1, C): the steps written by j
         weights = (torch.arange(chunk, device=at.device) <= j[..., None])[:, :, None].to(h.dtype)
         start = h[c, rows]
-    else:  # (B, P, H, C): Gamma[j, i], zero for i > j
+    else:  # (B, P, H, C[, K]): Gamma[j, i], zero for i > j
         weights = p.decays.gamma[c, rows, :, j]
-        start = p.decays.e[c, rows, :, j, None] * h[c, rows]  # e[c, rows, :, j]: (B, P, H, 1)
-    keys = p.x.k[c, rows] * weights[..., None]  # (B, P, H, C, K)
+        start = p.decays.e[c, rows, :, j][..., None] * h[c, rows]  # e: (B, P, H, 1 or K, 1)
+    per_key = weights.dim() == 5
+    keys = p.x.k[c, rows] * (weights if per_key else weights[..., None])  # (B, P, H, C, K)
     return start + keys.transpose(-1, -2) @ p.u[c, rows]
 
 
 def backward(args: DeltaArgs, grads: tuple, saved: tuple) -> list[torch.Tensor | None]:
-    """Gradients (dq, dk, dv, dg, dbeta, dinitial_state) in the compute dtype; None for an
-    absent g or initial_state."""
+    """Gradients (dq, dk, dv, dp, dg, dbeta, dinitial_state) in the compute dtype; None for an
+    absent p, g or initial_state."""
     do = grads[0]
     dfinal = grads[1] if args.output_final_state else None
     T, scale = args.q.shape[1], args.scale
     u, h, a = saved
     x = _chunked_inputs(args)
-    decays = _decays(x.g)
-    e, w, last = (None, None, None) if decays is None else decays[:3]
-    doc = _to_chunks(do.to(h.dtype), *_chunking(T))
-    kb = x.k * x.beta
-    p = _scores(x, decays)
+    d = _decays(x.g, recall_first=x.p is not None)
+    e, w, last, e_r = (None,) * 4 if d is None else (d.e, d.w, d.last, d.e_r)
+    doc = _to_chunks(do.to(h.dtype), *_chunking(args))
+    rb = x.recall * x.beta
     # The reverse pass over chunks: dh, the gradient of each chunk's end state, and dR, that of
-    # R = diag(beta) V - diag(e) Kb S.
-    p_t, kw, kbe, qe = p.transpose(-1, -2), _decayed(x.k, w), _decayed(kb, e), _decayed(x.q, e)
+    # R = diag(beta) V - diag(e_r) Rb S.
+    p_t = _scores(x, d).transpose(-1, -2)
+    kw, rbe, qe = _decayed(x.k, w), _decayed(rb, e_r), _decayed(x.q, e)
     dstate = h.new_zeros(h.shape[1:]) if dfinal is None else dfinal.to(h.dtype)
     dh = torch.empty_like(h)
     dr = torch.empty_like(u)
@@ -331,59 +395,55 @@ def backward(args: DeltaArgs, grads: tuple, saved: tuple) -> list[torch.Tensor |
         dstate = (
             _decayed(dstate, _at(last, c))
             + qe[c].transpose(-1, -2) @ doc[c]
-            - kbe[c].transpose(-1, -2) @ dr[c]
+            - rbe[c].transpose(-1, -2) @ dr[c]
         )
-    # Everything else is parallel over chunks.
-    d_p = (doc @ u.transpose(-1, -2)).tril()  # gradient of P = tril(Q K^T) * Gamma
-    d_lower = -(dr @ u.transpose(-1, -2)).tril(-1)  # gradient of L
-    gamma = None if decays is None else decays.gamma
-    d_qk, d_kbk = _decayed(d_p, gamma), _decayed(d_lower, gamma)  # of Q K^T, Kb K^T
+    # Everything else is parallel over chunks. Through P = tril(Q K^T) * Gamma and
+    # L = tril(Rb K^T, -1) * Gamma_r, each operand's gradient:
+    d_p = (doc @ u.transpose(-1, -2)).tril()
+    d_lower = -(dr @ u.transpose(-1, -2)).tril(-1)
+    gamma, gamma_r = (None, None) if d is None else (d.gamma, d.gamma_r)
+    q_p, k_p = _mix(d_p, x.k, gamma), _mix(d_p, x.q, gamma, transposed=True)
+    rb_l, k_l = _mix(d_lower, x.k, gamma_r), _mix(d_lower, rb, gamma_r, transposed=True)
     do_h = doc @ h.transpose(-1, -2)  # (n, B, H, C, K)
     dr_h = dr @ h.transpose(-1, -2)
     u_dh = u @ dh.transpose(-1, -2)
-    d_kb = d_kbk @ x.k - _decayed(dr_h, e)
-    dq = (_decayed(do_h, e) + d_qk @ x.k) * scale
-    dk = (
-        _decayed(u_dh, w)
-        + d_qk.transpose(-1, -2) @ x.q
-        + d_kbk.transpose(-1, -2) @ kb
-        + x.beta * d_kb
-    )
+    d_rb = rb_l - _decayed(dr_h, e_r)  # gradient of Rb
+    dq = (_decayed(do_h, e) + q_p) * scale
+    dk = _decayed(u_dh, w) + k_p + k_l
+    d_recall = x.beta * d_rb
+    if x.p is None:
+        dk = dk + d_recall
     dv = x.beta * dr
-    dbeta = (d_kb * x.k).sum(-1, keepdim=True) + (dr * x.v).sum(-1, keepdim=True)
+    dbeta = (d_rb * x.recall).sum(-1, keepdim=True) + (dr * x.v).sum(-1, keepdim=True)
     dg = None
-    if decays is not None:
-        dG = _decay_grad(x, decays, kb, p, d_p, d_lower, do_h, dr_h, u_dh, h, dh)
-        dg = _from_chunks(dG.flip(3).cumsum(3).flip(3), T).squeeze(-1)  # G_i = g_1 + ... + g_i
+    if d is not None:
+        dG = _decay_grad(x, d, rb, d_rb, q_p + _decayed(do_h, e), k_p + k_l, u_dh, h, dh)
+        dg = _from_chunks(dG.flip(3).cumsum(3).flip(3), T)  # G_i = g_1 + ... + g_i
+        dg = dg.squeeze(-1) if args.g.dim() == 3 else dg
     return [
         _from_chunks(dq, T),
         _from_chunks(dk, T),
         _from_chunks(dv, T),
+        None if x.p is None else _from_chunks(d_recall, T),
         dg,
         _from_chunks(dbeta, T).squeeze(-1),
         None if args.initial_state is None else dstate,
     ]
 
 
-def _row_minus_column(x: torch.Tensor) -> torch.Tensor:
-    """For a (.., C, C) gradient-times-value matrix of entries that depend on G_i - G_j: the
-    gradient of each G, (.., C, 1)."""
-    return x.sum(-1, keepdim=True) - x.sum(-2).unsqueeze(-1)
-
-
-def _decay_grad(x: Chunks, decays: Decays, kb, p, d_p, d_lower, do_h, dr_h, u_dh, h, dh):
-    """The gradient of each chunk's cumulative log decays G (n, B, H, C, 1): through e (O, R),
-    Gamma (P, L) and w, e_C (S')."""
-    e, w, last, gamma = decays
-    lower = (kb @ x.k.transpose(-1, -2)) * gamma.tril(-1)
-    through_w = w * (x.k * u_dh).sum(-1, keepdim=True)
-    dG = (
-        e * (x.q * do_h).sum(-1, keepdim=True)
-        + _row_minus_column(d_p * p)
-        + _row_minus_column(d_lower * lower)
-        - e * (kb * dr_h).sum(-1, keepdim=True)
-        - through_w
-    )
-    dG[..., -1, :] += (last * (h * dh).sum((-1, -2), keepdim=True)).squeeze(-1)
-    dG[..., -1, :] += through_w.sum(-2)
-    return dG
+def _decay_grad(x: Chunks, d: Decays, rb, d_rb, dq_scaled, dk_gamma, u_dh, h, dh):
+    """The gradient of each chunk's cumulative log decays G (n, B, H, C, 1 or K), channel by
+    channel: a term X Y^T * Gamma with Gamma[i, j] = exp(G_i - G_j) gives G_i x_i * dx_i and G_j
+    -y_j * dy_j; so do e (O, and R through e_r), w and e_C (S'). Comba's recalls read G_{i-1}:
+    their part moves up one row. `dq_scaled`: the gradient of the (pre-scaled) Q through P and
+    e; `dk_gamma`: K's through the Gamma factors of P and L."""
+    through_w = _decayed(x.k * u_dh, d.w)
+    dG = x.q * dq_scaled - x.k * dk_gamma - through_w
+    recall = rb * d_rb  # through L's rows and R: G_i, or G_{i-1} for Comba
+    if x.p is None:
+        dG = dG + recall
+    else:
+        dG[..., :-1, :] += recall[..., 1:, :]
+    through_last = d.last * (h * dh).sum(-1, keepdim=True)  # (n, B, H, 1 or K, 1)
+    dG[..., -1, :] += through_last.squeeze(-1) + through_w.sum(-2)
+    return dG if x.g.shape[-1] > 1 else dG.sum(-1, keepdim=True)

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 
 from mecheval_kernels._op import Op, compute_dtype, needs_grad
+from mecheval_kernels.selective_scan.reference import selective_scan_ref
 from mecheval_kernels.stacking import fold_into, unfold_from
 from mecheval_kernels.validation import (
     check_batch,
@@ -111,9 +112,17 @@ def _fold(a: ScanArgs, dims: ScanArgs, m: int):
     return folded, lambda i, t: unfold_from(t, m, 1) if i < 2 else (t, None)
 
 
+def _twice(a: ScanArgs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, last_state) recomputed by the per-position reference, for second derivatives."""
+    return selective_scan_ref(
+        a.u, a.delta, a.A, a.B, a.C, a.D, a.z, a.delta_bias, a.softplus, True, a.initial_state
+    )
+
+
 OP = Op(
-    __package__, "selective_scan_fn", ScanArgs, "B D L", _validate, _fake, 3, saved=1, fold=_fold
-)
+    __package__, "selective_scan_fn", ScanArgs, "B D L", _validate, _fake, 3, saved=1,
+    fold=_fold, twice=_twice,
+)  # fmt: skip
 
 
 def checked(backend, u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state):

@@ -8,6 +8,7 @@ from typing import NamedTuple
 import torch
 
 from mecheval_kernels._op import Op, compute_dtype, needs_grad
+from mecheval_kernels.short_conv.reference import causal_conv1d_ref
 from mecheval_kernels.stacking import fold_into, unfold_from
 from mecheval_kernels.validation import (
     check_batch,
@@ -66,9 +67,16 @@ def _fold(a: ConvArgs, dims: ConvArgs, m: int):
     return folded, lambda i, t: unfold_from(t, m, 1) if i == 0 else (t, None)
 
 
+def _twice(a: ConvArgs) -> tuple[torch.Tensor]:
+    """y recomputed by the reference (plain PyTorch), for second derivatives."""
+    activation = "silu" if a.silu else None
+    return (causal_conv1d_ref(a.x, a.weight, a.bias, activation, a.initial_states),)
+
+
 OP = Op(
-    __package__, "causal_conv1d_fn", ConvArgs, "B D L", _validate, _fake, 2, saved=1, fold=_fold
-)
+    __package__, "causal_conv1d_fn", ConvArgs, "B D L", _validate, _fake, 2, saved=1,
+    fold=_fold, twice=_twice,
+)  # fmt: skip
 
 
 def _final_states(x: torch.Tensor, initial_states: torch.Tensor | None, width: int) -> torch.Tensor:

@@ -13,6 +13,9 @@ interventions patch are marked with `Site` / `StateSite` submodules (mecheval.la
     Mamba2                  mamba-ssm's Mamba2 layer (SSD: scalar decay per head)
     DeltaNet                fla's DeltaNet layer (delta rule)
     GatedDeltaNet           fla's GatedDeltaNet layer (gated delta rule)
+    KDA                     fla's KimiDeltaAttention layer (a decay per key channel)
+    GatedDeltaProduct       fla's GatedDeltaProduct layer (n delta-rule steps a token)
+    Comba                   fla's Comba layer (a recall key read before the decay)
     CausalSelfAttention     softmax attention
     GroupedQueryAttention   softmax attention with grouped key/value heads and rotary
                             embeddings (pretrained Transformers': GPT-2's, Llama's)
@@ -27,11 +30,14 @@ interventions patch are marked with `Site` / `StateSite` submodules (mecheval.la
 from mecheval.layers.attention import CausalSelfAttention
 from mecheval.layers.base_conv import BaseConv
 from mecheval.layers.based import BasedLinearAttention
+from mecheval.layers.comba import Comba
 from mecheval.layers.delta_net import DeltaNet
 from mecheval.layers.gated_delta_net import GatedDeltaNet
+from mecheval.layers.gated_deltaproduct import GatedDeltaProduct
 from mecheval.layers.grouped_attention import GroupedQueryAttention, Rotary
 from mecheval.layers.h3 import H3
 from mecheval.layers.hyena import Hyena
+from mecheval.layers.kda import KDA
 from mecheval.layers.long_conv import ImplicitFilter, ImplicitLongConvolution, long_causal_conv
 from mecheval.layers.mamba import Mamba
 from mecheval.layers.mamba2 import Mamba2
@@ -47,13 +53,16 @@ __all__ = [
     "BaseConv",
     "BasedLinearAttention",
     "CausalSelfAttention",
+    "Comba",
     "DeltaNet",
     "GatedDeltaNet",
     "GatedMLP",
     "GroupedQueryAttention",
+    "GatedDeltaProduct",
     "Hyena",
     "ImplicitFilter",
     "ImplicitLongConvolution",
+    "KDA",
     "Mamba",
     "Mamba2",
     "Mixer",

@@ -16,11 +16,14 @@ import functools
 
 from mecheval.layers import (
     H3,
+    KDA,
     BaseConv,
     BasedLinearAttention,
     CausalSelfAttention,
+    Comba,
     DeltaNet,
     GatedDeltaNet,
+    GatedDeltaProduct,
     Hyena,
     Mamba,
     Mamba2,
@@ -213,3 +216,56 @@ register_mixer("deltanet", deltanet)
 register_mixer("deltanet_noconv", deltanet_noconv)
 register_mixer("gated_deltanet", gated_deltanet)
 register_mixer("gated_deltanet_noconv", gated_deltanet_noconv)
+
+
+# The delta-rule family beyond the study (issue 55): KDA, Gated DeltaProduct, Comba, each with one
+# value per key dimension (expand_v 1) and head_dim d_model / num_heads, as gated_deltanet.
+
+
+def kda(d_model: int, layer_idx: int, d_conv: int = 4, num_heads: int = 1) -> KDA:
+    return _frontier(KDA, d_model, layer_idx, d_conv, num_heads)
+
+
+def gated_deltaproduct(
+    d_model: int,
+    layer_idx: int,
+    d_conv: int = 4,
+    num_heads: int = 1,
+    num_householder: int = 2,
+    allow_neg_eigval: bool = True,
+) -> GatedDeltaProduct:
+    if not isinstance(allow_neg_eigval, bool):
+        raise ValueError(f"allow_neg_eigval must be a bool, got {allow_neg_eigval!r}")
+    return _frontier(
+        GatedDeltaProduct, d_model, layer_idx, d_conv, num_heads,
+        num_householder=_int("num_householder", num_householder, 1, 8),
+        allow_neg_eigval=allow_neg_eigval,
+    )  # fmt: skip
+
+
+def comba(
+    d_model: int, layer_idx: int, d_conv: int = 4, num_heads: int = 1, correction_factor=1.0
+) -> Comba:
+    if isinstance(correction_factor, bool) or not isinstance(correction_factor, (int, float)):
+        raise ValueError(f"correction_factor must be a number, got {correction_factor!r}")
+    return _frontier(
+        Comba, d_model, layer_idx, d_conv, num_heads, correction_factor=float(correction_factor)
+    )
+
+
+def _frontier(layer, d_model, layer_idx, d_conv, num_heads, **options):
+    _divides(d_model, "num_heads", _int("num_heads", num_heads))
+    return layer(
+        d_model=d_model,
+        num_heads=num_heads,
+        head_dim=d_model // num_heads,
+        expand_v=1.0,
+        conv_size=_int("d_conv", d_conv, 1, 8),
+        layer_idx=layer_idx,
+        **options,
+    )
+
+
+register_mixer("kda", kda)
+register_mixer("gated_deltaproduct", gated_deltaproduct)
+register_mixer("comba", comba)

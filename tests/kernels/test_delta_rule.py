@@ -483,13 +483,13 @@ BAD_INPUTS = [
     (dict(k=torch.randn(2, 5, 3, 5)), ValueError, ["k", "(B, T, H, K)", "K: 5 != 4"]),
     (dict(k=torch.randn(2, 6, 3, 4)), ValueError, ["k", "T: 6 != 5"]),
     (dict(k=torch.randn(2, 5, 3, 4).half()), TypeError, ["k", "float16", "float32"]),
-    (dict(v=torch.randn(2, 5, 2, 6)), ValueError, ["v", "(B, T, H, V)", "H: 2 != 3"]),
-    (dict(v=torch.randn(2, 5, 3)), ValueError, ["v", "(B, T, H, V)"]),
-    (dict(beta=torch.rand(2, 5, 3, 1)), ValueError, ["beta", "(B, T, H)"]),
+    (dict(v=torch.randn(2, 5, 2, 6)), ValueError, ["v", "HV = 2", "multiple", "H = 3"]),
+    (dict(v=torch.randn(2, 5, 3)), ValueError, ["v", "(B, T, HV, V)"]),
+    (dict(beta=torch.rand(2, 5, 3, 1)), ValueError, ["beta", "(B, T, HV)"]),
     (dict(beta=torch.rand(3, 5, 3)), ValueError, ["beta", "B: 3 != 2"]),
     (dict(beta=torch.rand(2, 5, 3) > 0.5), TypeError, ["beta", "bool"]),
     (dict(initial_state=torch.randn(2, 3, 4, 5)), ValueError, ["initial_state", "V: 5 != 6"]),
-    (dict(initial_state=torch.randn(2, 3, 4)), ValueError, ["initial_state", "(B, H, K, V)"]),
+    (dict(initial_state=torch.randn(2, 3, 4)), ValueError, ["initial_state", "(B, HV, K, V)"]),
     (dict(q=torch.randn(1, 2, 1, 300), k=torch.randn(1, 2, 1, 300)), ValueError, ["K", "256"]),
     (dict(v=torch.randn(2, 5, 3, 257)), ValueError, ["V", "between 1 and 256", "257"]),
     (dict(scale="0.5"), TypeError, ["scale", "str"]),
@@ -525,3 +525,19 @@ def test_triton_refuses_float64_by_name(device):
     }
     with pytest.raises(TypeError, match="q has dtype float64"):
         chunk_delta_rule(**args, backend="triton")
+
+
+def test_second_derivatives_gradgradcheck_float64():
+    """Second derivatives (create_graph) as fla's naive delta rule gives them: autograd through
+    the per-step reference."""
+    gen = torch.Generator().manual_seed(5)
+    make = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    B, T, H, K, V = 1, 4, 1, 3, 2
+    leaves = [make(B, T, H, K), make(B, T, H, K), make(B, T, H, V), torch.rand(B, T, H,
+              generator=gen, dtype=torch.float64), make(B, H, K, V)]  # fmt: skip
+    leaves = [t.requires_grad_() for t in leaves]
+
+    def fn(q, k, v, beta, state):
+        return chunk_delta_rule(q, k, v, beta, 0.7, state, True, True, backend="torch")
+
+    assert torch.autograd.gradgradcheck(fn, leaves)

@@ -1,8 +1,8 @@
 """The scans at positions (mecheval_kernels.at_positions over selective_scan_fn, mamba2_scan,
-chunk_delta_rule, chunk_gated_delta_rule): states after positions and outputs at positions
-against each op's per-step reference, and a patched state against the reference resumed from
-the patch on each row's suffix, without gradients and with them (the gradients too); bad
-arguments refused by name."""
+chunk_delta_rule, chunk_gated_delta_rule, chunk_kda, chunk_comba; chunk_gated_delta_product's in
+its own test file): states after positions and outputs at positions against each op's per-step
+reference, and a patched state against the reference resumed from the patch on each row's
+suffix, without gradients and with them (the gradients too); bad arguments refused by name."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ import torch
 from mecheval_kernels import (
     ScanAt,
     at_positions,
+    chunk_comba,
     chunk_delta_rule,
     chunk_gated_delta_rule,
+    chunk_kda,
     mamba2_scan,
     selective_scan_fn,
 )
@@ -79,6 +81,18 @@ def _delta_inputs(g: torch.Generator, gated: bool = False) -> dict:
     )
 
 
+def _kda_inputs(g: torch.Generator) -> dict:
+    x = _delta_inputs(g)
+    x["g"] = -torch.rand(*x["q"].shape, generator=g)  # a decay per key channel
+    return x
+
+
+def _comba_inputs(g: torch.Generator) -> dict:
+    x = _delta_inputs(g, gated=True)
+    x["p"] = torch.randn(*x["q"].shape, generator=g)  # the recall key
+    return x
+
+
 def _selective_ref(x: dict, states_at):
     return selective_scan_ref(**x, return_last_state=True, states_at=states_at)
 
@@ -93,6 +107,10 @@ def _delta_ref(x: dict, states_at):
 
 def _gated_ref(x: dict, states_at):
     return gated_delta_rule_ref(**x, output_final_state=True, states_at=states_at)
+
+
+_kda_ref = _gated_ref  # the family's reference, g per key channel
+_comba_ref = _gated_ref  # the family's reference, with the recall key p
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +184,26 @@ SPECS = [
         {"q": 1, "k": 1, "v": 1, "beta": 1, "g": 1},
         1,
         "g",
+    ),
+    Spec(
+        "kda",
+        chunk_kda,
+        _kda_ref,
+        _kda_inputs,
+        "initial_state",
+        {"q": 1, "k": 1, "v": 1, "beta": 1, "g": 1},
+        1,
+        "g",
+    ),
+    Spec(
+        "comba",
+        chunk_comba,
+        _comba_ref,
+        _comba_inputs,
+        "initial_state",
+        {"q": 1, "k": 1, "v": 1, "p": 1, "beta": 1, "g": 1},
+        1,
+        "p",
     ),
 ]
 IDS = [s.name for s in SPECS]
@@ -286,13 +324,13 @@ def test_bad_arguments_are_refused_by_name(spec):
 
 def test_a_scan_that_is_not_a_drop_in_is_refused_by_type():
     x = SPECS[0].inputs(seed=5)
-    allowed = (
-        "mecheval_kernels.selective_scan_fn, mecheval_kernels.mamba2_scan, "
-        "mecheval_kernels.chunk_delta_rule, mecheval_kernels.chunk_gated_delta_rule"
-    )
     for scan in (selective_scan_ref, "selective_scan_fn", [selective_scan_fn]):
-        with pytest.raises(TypeError, match=f"scan must be one of {allowed}, got"):
+        with pytest.raises(TypeError, match=r"scan must be one of (mecheval_kernels\.\w+, )+"):
             at_positions(scan, **x)
+    with pytest.raises(TypeError) as info:
+        at_positions(selective_scan_ref, **x)
+    for spec in SPECS:
+        assert f"mecheval_kernels.{spec.scan.__name__}" in str(info.value)
 
 
 FINAL_STATE_FLAGS = {
@@ -300,6 +338,8 @@ FINAL_STATE_FLAGS = {
     "mamba2_scan": "return_final_states",
     "delta_rule": "output_final_state",
     "gated_delta_rule": "output_final_state",
+    "kda": "output_final_state",
+    "comba": "output_final_state",
 }
 
 
@@ -319,8 +359,10 @@ UNSUPPORTED = {
         ("cu_seqlens", torch.tensor([0, LENGTH])),
         ("return_varlen_states", True),
     ],
-    "delta_rule": [("cu_seqlens", torch.tensor([0, LENGTH])), ("head_first", True)],
-    "gated_delta_rule": [("cu_seqlens", torch.tensor([0, LENGTH])), ("head_first", True)],
+    "delta_rule": [("cu_seqlens", torch.tensor([0, LENGTH])), ("cu_seqlens_cpu", [0, LENGTH])],
+    "gated_delta_rule": [("cu_seqlens", torch.tensor([0, LENGTH])), ("cp_context", object())],
+    "kda": [("cu_seqlens", torch.tensor([0, LENGTH])), ("return_intermediate_states", True)],
+    "comba": [("cu_seqlens", torch.tensor([0, LENGTH])), ("cu_seqlens_cpu", [0, LENGTH])],
 }
 
 
@@ -335,7 +377,8 @@ def test_arguments_the_scan_at_positions_does_not_run_are_refused_by_name(spec):
                 ValueError, match=f"{spec.scan.__name__}: {name}=.* is not supported"
             ):
                 spec.at(**x, **asked, **{name: value})
-    with pytest.raises(TypeError, match=f"at_positions\\({spec.scan.__name__}\\): .*'no_such'"):
+    # Bound by at_positions, or (a drop-in with **kwargs) refused by the drop-in: by name.
+    with pytest.raises(TypeError, match=f"{spec.scan.__name__}.*'no_such'"):
         spec.at(**x, no_such=1)
 
 
@@ -404,9 +447,10 @@ def test_selective_scan_one_pass_across_tiles_and_chunks(monkeypatch, layout, sm
 @pytest.mark.parametrize("chunk", [64, 4], ids=["one_chunk", "chunks"])
 @pytest.mark.parametrize("few", [False, True], ids=["every", "few"])
 def test_delta_rule_states_and_out_at_across_chunks(monkeypatch, spec, chunk, few):
-    """Both delta rules: every state (a running sum per chunk) and a few per row (one masked
-    matmul each), and the output at one step per row, across chunk boundaries."""
+    """The delta-rule family: every state (a running sum per chunk) and a few per row (one
+    masked matmul each), and the output at one step per row, across chunk boundaries."""
     monkeypatch.setattr(delta_torch_path, "CHUNK_SIZE", chunk)
+    monkeypatch.setattr(delta_torch_path, "KEY_CHUNK_SIZE", chunk)
     x = spec.inputs(seed=8)
     read = (
         torch.tensor([[10, 0, 4], [3, 7, 3], [1, 1, 9]])

@@ -633,3 +633,21 @@ def test_triton_refuses_float64_by_name(device):
 def test_unknown_backend_is_refused():
     with pytest.raises(ValueError, match="backend must be one of"):
         selective_scan_fn(**_valid_args(), backend="cuda")
+
+
+@pytest.mark.parametrize("layout", ["fixed", "var"])
+def test_second_derivatives_gradgradcheck_float64(layout):
+    """Second derivatives (create_graph) as mamba-ssm's selective_scan_ref gives them: autograd
+    through the per-position reference."""
+    gen = torch.Generator().manual_seed(3)
+    make = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    B, D, N, L = 1, 2, 2, 4
+    bc = (D, N) if layout == "fixed" else (B, N, L)
+    leaves = [make(B, D, L), make(B, D, L), -make(D, N).abs() - 0.1, make(*bc), make(*bc),
+              make(D), make(B, D, L), make(D), make(B, D, N)]  # fmt: skip
+    leaves = [t.requires_grad_() for t in leaves]
+
+    def fn(u, delta, A, B, C, D, z, bias, state):
+        return selective_scan_fn(u, delta, A, B, C, D, z, bias, True, True, state, backend="torch")
+
+    assert torch.autograd.gradgradcheck(fn, leaves)

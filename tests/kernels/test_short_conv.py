@@ -251,3 +251,18 @@ def test_triton_refuses_float64_by_name(device):
 def test_unknown_backend_is_refused():
     with pytest.raises(ValueError, match="backend must be one of"):
         causal_conv1d_fn(torch.randn(1, 2, 3), torch.randn(2, 2), backend="cuda")
+
+
+@pytest.mark.parametrize("activation", [None, "silu"])
+def test_second_derivatives_gradgradcheck_float64(activation):
+    """Second derivatives (create_graph) as causal-conv1d's causal_conv1d_ref (F.conv1d) gives
+    them, the initial states' included."""
+    gen = torch.Generator().manual_seed(4)
+    make = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    leaves = [t.requires_grad_() for t in (make(2, 3, 5), make(3, 4), make(3), make(2, 3, 3))]
+
+    def fn(x, weight, bias, initial_states):
+        return causal_conv1d_fn(x, weight, bias, None, initial_states, activation=activation,
+                                backend="torch")  # fmt: skip
+
+    assert torch.autograd.gradgradcheck(fn, leaves)

@@ -51,7 +51,11 @@ def _empty_batch_calls():
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("op, tensor, call", list(_empty_batch_calls()), ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    "op, tensor, call",
+    list(_empty_batch_calls()),
+    ids=[op for op, _, _ in _empty_batch_calls()],  # stable across xdist's workers
+)
 def test_every_op_refuses_an_empty_batch_with_one_message(op, tensor, call, backend):
     message = f"{op}: {tensor} must have at least one sequence (batch B >= 1), got B = 0"
     with pytest.raises(ValueError) as caught:

@@ -63,6 +63,9 @@ EXPECTED_SITES = {
     "deltanet_noconv": ["state"],
     "gated_deltanet": [f"{n}_conv_{e}" for n in "qkv" for e in ("input", "output")] + ["state"],
     "gated_deltanet_noconv": ["state"],
+    "kda": [f"{n}_conv_{e}" for n in "qkv" for e in ("input", "output")] + ["state"],
+    "gated_deltaproduct": [f"{n}_conv_{e}" for n in "qkv" for e in ("input", "output")] + ["state"],
+    "comba": [f"{n}_conv_{e}" for n in "qkv" for e in ("input", "output")] + ["state"],
 }
 
 
@@ -113,7 +116,7 @@ def test_reads_at_positions_and_in_full(arch):
         assert at["layers.0.state"].shape == (B, d_inner, 16)
     if arch.startswith("mamba2"):  # (heads, head dim, state size)
         assert at["layers.0.state"].shape == (B, d_inner // 16, 16, 64)
-    if arch.startswith(("deltanet", "gated_deltanet")):
+    if arch.startswith(("deltanet", "gated_deltanet", "kda", "gated_deltaproduct", "comba")):
         assert at["layers.1.state"].shape == (B, 1, D, D)
     assert full["layers.0.block_input"].shape == (B, L, D)
 
