@@ -4,6 +4,8 @@
     selective_scan_fn       drop-in for mamba_ssm's selective_scan_fn
     chunk_delta_rule        drop-in for fla.ops.delta_rule.chunk_delta_rule
     chunk_gated_delta_rule  drop-in for fla.ops.gated_delta_rule.chunk_gated_delta_rule
+    chunk_dplr_delta_rule   drop-in for fla.ops.generalized_delta_rule.chunk_dplr_delta_rule
+    chunk_rwkv7             drop-in for fla.ops.rwkv7.chunk_rwkv7
     mamba2_scan             drop-in for mamba_ssm's mamba_chunk_scan_combined (Mamba-2's scan)
 
 and, beyond the peers, any of the four scans at positions (the states after given positions,
@@ -37,8 +39,10 @@ if __name__ == "kernels":
 else:
     from mecheval_kernels.backend import get_backend, set_backend, use_backend
     from mecheval_kernels.delta_rule import chunk_delta_rule
+    from mecheval_kernels.dplr import chunk_dplr_delta_rule
     from mecheval_kernels.gated_delta_rule import chunk_gated_delta_rule
     from mecheval_kernels.positions import at_positions
+    from mecheval_kernels.rwkv7 import chunk_rwkv7
     from mecheval_kernels.scan_at import ScanAt
     from mecheval_kernels.selective_scan import selective_scan_fn
     from mecheval_kernels.short_conv import causal_conv1d_fn
@@ -49,7 +53,9 @@ __all__ = [
     "at_positions",
     "causal_conv1d_fn",
     "chunk_delta_rule",
+    "chunk_dplr_delta_rule",
     "chunk_gated_delta_rule",
+    "chunk_rwkv7",
     "get_backend",
     "mamba2_scan",
     "selective_scan_fn",

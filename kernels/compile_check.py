@@ -9,7 +9,7 @@ kernel over one block's shared-memory limit would fail to launch on the GPU, and
 must not use wgmma (see Specialisation.allow_wgmma) fails the check if it does.
 
     python -m mecheval_kernels.compile_check [--ops short_conv selective_scan delta_rule
-    gated_delta_rule]
+    gated_delta_rule dplr_delta_rule]
 
 Run with TRITON_INTERPRET unset (under the interpreter `triton.jit` builds no compilable
 kernel). Exits non-zero if anything fails to compile or exceeds the limit.
@@ -33,12 +33,13 @@ from mecheval_kernels._launch import Launch
 SM90_MAX_SHARED = 232448
 TRITON_DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 # Each op's host-code module and the arguments of its `hopper_specialisations` (the gated delta
-# rule's kernels are the delta rule's, with the gate on).
+# rule's kernels are the delta rule's, with the gate on; RWKV-7's are the DPLR delta rule's).
 SPECIALISATIONS = {
     "short_conv": ("mecheval_kernels.short_conv.launch", {}),
     "selective_scan": ("mecheval_kernels.selective_scan.launch", {}),
     "delta_rule": ("mecheval_kernels.delta_rule.launch", {}),
     "gated_delta_rule": ("mecheval_kernels.delta_rule.launch", {"gated": True}),
+    "dplr_delta_rule": ("mecheval_kernels.dplr.launch", {}),
 }
 OPS = tuple(SPECIALISATIONS)
 

@@ -10,6 +10,8 @@ from a scan beyond the drop-in itself, from one call that returns `ScanAt` whate
     mecheval_kernels.mamba2_scan              Mamba-2's scan
     mecheval_kernels.chunk_delta_rule         the delta rule
     mecheval_kernels.chunk_gated_delta_rule   the gated delta rule
+    mecheval_kernels.chunk_dplr_delta_rule    the DPLR delta rule (fla's generalised one)
+    mecheval_kernels.chunk_rwkv7              RWKV-7's state update (the same, RWKV-7's names)
 
 and `*args, **kwargs` are its own arguments, as it takes them (`backend` included). Beyond them:
 
@@ -32,7 +34,7 @@ anything but their defaults, as the drop-ins refuse them.
 Gradients flow to every tensor input and to the patch values. A patch is exact: each scan is
 affine in its state (mecheval_kernels.scan_at.patch_by_jump). What runs where: each op's at.py
 (mecheval_kernels.selective_scan.at, mecheval_kernels.ssd.at, mecheval_kernels.delta_rule.at, the
-last for both delta rules).
+last for both delta rules, mecheval_kernels.dplr.at for the DPLR delta rule and RWKV-7).
 """
 
 from __future__ import annotations
@@ -47,8 +49,13 @@ import torch
 from mecheval_kernels.delta_rule.at import at_positions_of_delta_rule
 from mecheval_kernels.delta_rule.op import OP as DELTA_RULE
 from mecheval_kernels.delta_rule.op import chunk_delta_rule
+from mecheval_kernels.dplr.at import at_positions_of_dplr
+from mecheval_kernels.dplr.op import DPLR, chunk_dplr_delta_rule
 from mecheval_kernels.gated_delta_rule.op import OP as GATED_DELTA_RULE
 from mecheval_kernels.gated_delta_rule.op import chunk_gated_delta_rule
+from mecheval_kernels.rwkv7.op import NAMES as RWKV7_NAMES
+from mecheval_kernels.rwkv7.op import OP as RWKV7
+from mecheval_kernels.rwkv7.op import chunk_rwkv7
 from mecheval_kernels.scan_at import Asked, ScanAt
 from mecheval_kernels.selective_scan.at import at_positions_of_selective_scan
 from mecheval_kernels.selective_scan.op import selective_scan_fn
@@ -90,6 +97,13 @@ IMPLEMENTATIONS: dict[Callable, Implementation] = {
         functools.partial(at_positions_of_delta_rule, GATED_DELTA_RULE),
         "output_final_state",
         PACKED_DELTA_RULE,
+    ),
+    # Packed sequences and fla's kernel hints are checked as the drop-ins check them.
+    chunk_dplr_delta_rule: Implementation(
+        functools.partial(at_positions_of_dplr, DPLR, {}), "output_final_state", {}
+    ),
+    chunk_rwkv7: Implementation(
+        functools.partial(at_positions_of_dplr, RWKV7, RWKV7_NAMES), "output_final_state", {}
     ),
 }
 

@@ -13,6 +13,7 @@ interventions patch are marked with `Site` / `StateSite` submodules (mecheval.la
     Mamba2                  mamba-ssm's Mamba2 layer (SSD: scalar decay per head)
     DeltaNet                fla's DeltaNet layer (delta rule)
     GatedDeltaNet           fla's GatedDeltaNet layer (gated delta rule)
+    RWKV7                   fla's RWKV7Attention layer (RWKV-7 time mixing: DPLR delta rule)
     CausalSelfAttention     softmax attention
     BaseConv                gated short or implicit long convolution (zoology)
     BasedLinearAttention    Based's Taylor-feature linear attention (zoology)
@@ -34,11 +35,13 @@ from mecheval.layers.mamba2 import Mamba2
 from mecheval.layers.mixer import Mixer, MixerError
 from mecheval.layers.mlp import MLP
 from mecheval.layers.recurrent import RecurrentMixer
+from mecheval.layers.rwkv7 import RWKV7
 from mecheval.layers.short_conv import ShortConvolution
 from mecheval.layers.sites import Site, SitePlan, StateSite
 
 __all__ = [
     "MLP",
+    "RWKV7",
     "H3",
     "BaseConv",
     "BasedLinearAttention",

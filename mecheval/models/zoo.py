@@ -16,6 +16,7 @@ import functools
 
 from mecheval.layers import (
     H3,
+    RWKV7,
     BaseConv,
     BasedLinearAttention,
     CausalSelfAttention,
@@ -198,6 +199,21 @@ def _delta_rule(layer, d_model, layer_idx, d_conv, num_heads) -> DeltaNet | Gate
     )
 
 
+def rwkv7(d_model: int, layer_idx: int, n_layers: int, num_heads: int = 1) -> RWKV7:
+    """RWKV-7 time mixing with fla's LoRA ranks and RWKV-7's depth-dependent initialisation,
+    every layer without the value residual (a tensor across layers; mecheval.layers.rwkv7),
+    in the standard block (its MLP, not RWKV-7's channel mixing)."""
+    _divides(d_model, "num_heads", _int("num_heads", num_heads))
+    return RWKV7(
+        hidden_size=d_model,
+        head_dim=None,
+        num_heads=num_heads,
+        layer_idx=layer_idx,
+        num_hidden_layers=n_layers,
+        value_residual=False,
+    )
+
+
 register_mixer("attention", attention, position_embeddings=True)
 register_mixer("base_conv", base_conv)
 register_mixer("base_conv_long", base_conv_long)
@@ -213,3 +229,4 @@ register_mixer("deltanet", deltanet)
 register_mixer("deltanet_noconv", deltanet_noconv)
 register_mixer("gated_deltanet", gated_deltanet)
 register_mixer("gated_deltanet_noconv", gated_deltanet_noconv)
+register_mixer("rwkv7", rwkv7)
