@@ -7,6 +7,8 @@
     chunk_dplr_delta_rule   drop-in for fla.ops.generalized_delta_rule.chunk_dplr_delta_rule
     chunk_rwkv7             drop-in for fla.ops.rwkv7.chunk_rwkv7
     mamba2_scan             drop-in for mamba_ssm's mamba_chunk_scan_combined (Mamba-2's scan)
+    mamba3_siso_combined    drop-in for mamba_ssm's mamba3_siso_combined (Mamba-3's scan)
+    mamba3_mimo             drop-in for mamba_ssm's mamba3_mimo (Mamba-3's MIMO scan)
 
 and, beyond the peers, any of the four scans at positions (the states after given positions,
 the output at one position per row, a state patched inside the scan), returning one `ScanAt`
@@ -41,6 +43,7 @@ else:
     from mecheval_kernels.delta_rule import chunk_delta_rule
     from mecheval_kernels.dplr import chunk_dplr_delta_rule
     from mecheval_kernels.gated_delta_rule import chunk_gated_delta_rule
+    from mecheval_kernels.mamba3 import mamba3_mimo, mamba3_siso_combined
     from mecheval_kernels.positions import at_positions
     from mecheval_kernels.rwkv7 import chunk_rwkv7
     from mecheval_kernels.scan_at import ScanAt
@@ -58,6 +61,8 @@ __all__ = [
     "chunk_rwkv7",
     "get_backend",
     "mamba2_scan",
+    "mamba3_mimo",
+    "mamba3_siso_combined",
     "selective_scan_fn",
     "set_backend",
     "use_backend",

@@ -9,7 +9,7 @@ kernel over one block's shared-memory limit would fail to launch on the GPU, and
 must not use wgmma (see Specialisation.allow_wgmma) fails the check if it does.
 
     python -m mecheval_kernels.compile_check [--ops short_conv selective_scan delta_rule
-    gated_delta_rule dplr_delta_rule]
+    gated_delta_rule dplr_delta_rule mamba3]
 
 Run with TRITON_INTERPRET unset (under the interpreter `triton.jit` builds no compilable
 kernel). Exits non-zero if anything fails to compile or exceeds the limit.
@@ -40,6 +40,7 @@ SPECIALISATIONS = {
     "delta_rule": ("mecheval_kernels.delta_rule.launch", {}),
     "gated_delta_rule": ("mecheval_kernels.delta_rule.launch", {"gated": True}),
     "dplr_delta_rule": ("mecheval_kernels.dplr.launch", {}),
+    "mamba3": ("mecheval_kernels.mamba3.launch", {}),
 }
 OPS = tuple(SPECIALISATIONS)
 

@@ -12,6 +12,8 @@ from a scan beyond the drop-in itself, from one call that returns `ScanAt` whate
     mecheval_kernels.chunk_gated_delta_rule   the gated delta rule
     mecheval_kernels.chunk_dplr_delta_rule    the DPLR delta rule (fla's generalised one)
     mecheval_kernels.chunk_rwkv7              RWKV-7's state update (the same, RWKV-7's names)
+    mecheval_kernels.mamba3_siso_combined     Mamba-3's scan (SISO)
+    mecheval_kernels.mamba3_mimo              Mamba-3's scan (MIMO)
 
 and `*args, **kwargs` are its own arguments, as it takes them (`backend` included). Beyond them:
 
@@ -34,7 +36,8 @@ anything but their defaults, as the drop-ins refuse them.
 Gradients flow to every tensor input and to the patch values. A patch is exact: each scan is
 affine in its state (mecheval_kernels.scan_at.patch_by_jump). What runs where: each op's at.py
 (mecheval_kernels.selective_scan.at, mecheval_kernels.ssd.at, mecheval_kernels.delta_rule.at, the
-last for both delta rules, mecheval_kernels.dplr.at for the DPLR delta rule and RWKV-7).
+last for both delta rules, mecheval_kernels.dplr.at for the DPLR delta rule and RWKV-7,
+mecheval_kernels.mamba3.at for Mamba-3's, whose state is the SSM state h alone).
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ from mecheval_kernels.dplr.at import at_positions_of_dplr
 from mecheval_kernels.dplr.op import DPLR, chunk_dplr_delta_rule
 from mecheval_kernels.gated_delta_rule.op import OP as GATED_DELTA_RULE
 from mecheval_kernels.gated_delta_rule.op import chunk_gated_delta_rule
+from mecheval_kernels.mamba3.at import at_positions_of_mamba3
+from mecheval_kernels.mamba3.op import mamba3_mimo, mamba3_siso_combined
 from mecheval_kernels.rwkv7.op import NAMES as RWKV7_NAMES
 from mecheval_kernels.rwkv7.op import OP as RWKV7
 from mecheval_kernels.rwkv7.op import chunk_rwkv7
@@ -105,6 +110,12 @@ IMPLEMENTATIONS: dict[Callable, Implementation] = {
     chunk_rwkv7: Implementation(
         functools.partial(at_positions_of_dplr, RWKV7, RWKV7_NAMES), "output_final_state", {}
     ),
+    mamba3_siso_combined: Implementation(
+        functools.partial(at_positions_of_mamba3, "siso"), "return_final_states", {}
+    ),
+    mamba3_mimo: Implementation(
+        functools.partial(at_positions_of_mamba3, "mimo"), "return_state", {}
+    ),
 }
 
 
@@ -121,9 +132,8 @@ def at_positions(
     """`scan`, one of the recurrent drop-ins, at positions (see the module docstring).
 
     Args:
-        scan: mecheval_kernels.selective_scan_fn, mecheval_kernels.mamba2_scan,
-        mecheval_kernels.chunk_delta_rule or
-            mecheval_kernels.chunk_gated_delta_rule.
+        scan: one of the drop-ins of the module docstring (mecheval_kernels.selective_scan_fn,
+            mecheval_kernels.mamba2_scan, mecheval_kernels.chunk_delta_rule, ...).
         *args, **kwargs: `scan`'s own arguments, as it takes them (`backend` included).
         states_at: optional (B, P) integer positions; `states` is then (B, P, *state).
         out_at: optional (B,) integer positions; `out` then has a time axis of length 1.
@@ -133,10 +143,11 @@ def at_positions(
     Returns:
         ScanAt(out, final_state or None, states or None). The state is (B, D, N) float32 for
         the selective scan, (B, H, P, N) float32 for Mamba-2's, (B, H, K, V) for the delta
-        rules (float32, float64 for float64 inputs).
+        rules, the DPLR delta rule and RWKV-7, (B, H, P, N) for Mamba-3's SSM state (float32,
+        float64 for float64 inputs).
 
     Raises:
-        TypeError: `scan` is not one of the four, its arguments do not bind, or its own
+        TypeError: `scan` is not one of the drop-ins, its arguments do not bind, or its own
             final-state flag is set.
         ValueError: an argument the scan at positions does not run (packed sequences), or
             a bad input (named).

@@ -11,6 +11,7 @@ interventions patch are marked with `Site` / `StateSite` submodules (mecheval.la
     ShortConvolution        fla-style short causal depthwise conv (an nn.Conv1d)
     Mamba                   mamba-ssm's Mamba layer (selective SSM)
     Mamba2                  mamba-ssm's Mamba2 layer (SSD: scalar decay per head)
+    Mamba3                  mamba-ssm's Mamba3 layer (trapezoidal, rotary, SISO or MIMO)
     DeltaNet                fla's DeltaNet layer (delta rule)
     GatedDeltaNet           fla's GatedDeltaNet layer (gated delta rule)
     RWKV7                   fla's RWKV7Attention layer (RWKV-7 time mixing: DPLR delta rule)
@@ -32,6 +33,7 @@ from mecheval.layers.hyena import Hyena
 from mecheval.layers.long_conv import ImplicitFilter, ImplicitLongConvolution, long_causal_conv
 from mecheval.layers.mamba import Mamba
 from mecheval.layers.mamba2 import Mamba2
+from mecheval.layers.mamba3 import Mamba3
 from mecheval.layers.mixer import Mixer, MixerError
 from mecheval.layers.mlp import MLP
 from mecheval.layers.recurrent import RecurrentMixer
@@ -53,6 +55,7 @@ __all__ = [
     "ImplicitLongConvolution",
     "Mamba",
     "Mamba2",
+    "Mamba3",
     "Mixer",
     "MixerError",
     "RecurrentMixer",

@@ -25,6 +25,7 @@ from mecheval.layers import (
     Hyena,
     Mamba,
     Mamba2,
+    Mamba3,
 )
 from mecheval.models.registry import register_mixer
 
@@ -166,6 +167,31 @@ def _mamba(layer, d_model, layer_idx, d_state, d_conv, expand, head_dim=None) ->
     )
 
 
+def mamba3(
+    d_model: int,
+    layer_idx: int,
+    d_state: int = 64,
+    expand: int = 2,
+    head_dim: int = 16,
+    mimo_rank: int = 1,
+) -> Mamba3:
+    """Mamba-3 (mamba-ssm's layer: heavy-tailed A, rotary half of the state) at Mamba-2's study
+    widths (d_state 64, head_dim 16); mimo_rank 1 is SISO, above it MIMO with that rank."""
+    d_inner = _int("expand", expand) * d_model
+    if d_inner % _int("head_dim", head_dim):
+        raise ValueError(f"expand * d_model = {d_inner} must be divisible by head_dim {head_dim}")
+    rank = _int("mimo_rank", mimo_rank)
+    return Mamba3(
+        d_model,
+        d_state=_int("d_state", d_state, 2),
+        expand=expand,
+        headdim=head_dim,
+        is_mimo=rank > 1,
+        mimo_rank=rank,
+        layer_idx=layer_idx,
+    )
+
+
 def deltanet(d_model: int, layer_idx: int, d_conv: int = 4, num_heads: int = 1) -> DeltaNet:
     return _delta_rule(DeltaNet, d_model, layer_idx, _int("d_conv", d_conv, 1, 8), num_heads)
 
@@ -225,6 +251,7 @@ register_mixer("mamba", mamba, block="mamba")
 register_mixer("mamba_noconv", mamba_noconv, block="mamba")
 register_mixer("mamba2", mamba2, block="mamba")
 register_mixer("mamba2_noconv", mamba2_noconv, block="mamba")
+register_mixer("mamba3", mamba3, block="mamba")
 register_mixer("deltanet", deltanet)
 register_mixer("deltanet_noconv", deltanet_noconv)
 register_mixer("gated_deltanet", gated_deltanet)

@@ -1,0 +1,163 @@
+"""The PyTorch path of Mamba-3's core scan (CPU fast path): the chunked SSD form in batched
+matmuls, the R ranks of a step as R rows, with a vector-Jacobian-product backward.
+
+The core (mecheval_kernels.mamba3.op: CoreArgs) is a scalar-decay linear recurrence with rank-R
+writes, per batch row and head:  h_t = exp(a_t) h_{t-1} + s_t sum_r v_{t,r} k_{t,r}^T,
+y_{t,r} = h_t q_{t,r}  (h (P, N)). Within a chunk of C steps from state h, with the segment sums
+D[i, j] = a_{j+1} + ... + a_i, Gamma[i, j] = exp(D[i, j]) (j <= i), e_i = exp(a_1 + ... + a_i),
+w_j = exp(D[C, j]):
+
+    Y = ((Q K^T) * (Gamma diag(s))_R) V + diag(e)_R Q h^T
+    h' = e_C h + (diag(w s)_R V)^T K
+
+where _R repeats each step's entry over its R rows (rows (i, r) of Q, K, V). Only h' is left to
+the sequential loop over chunks. The segment sums are summed directly (a masked cumulative sum
+of a (C, C) block per head), never differences of cumulative sums; with a <= 0 no exp of a
+positive number is taken. The sequence is zero-padded to a multiple of C (a = s = 0 there).
+
+The backward recomputes this forward and takes its vector-Jacobian product (torch.func.vjp;
+only the inputs are kept).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from mecheval_kernels._op import compute_dtype
+from mecheval_kernels.mamba3.core import CoreArgs
+
+# Steps per chunk: one chunk up to this length (the study's 37 positions run in one), else
+# chunks of this length.
+CHUNK_SIZE = 64
+TENSORS = ("q", "k", "v", "a", "s", "initial_state")
+
+
+def _steps(x: torch.Tensor, chunk: int, n: int) -> torch.Tensor:
+    """(B, L, R, H, D) -> (n, B, H, chunk * R, D), zero-padded along L."""
+    B, L, R, H, D = x.shape
+    if n * chunk > L:
+        x = F.pad(x, (0, 0, 0, 0, 0, 0, 0, n * chunk - L))
+    x = x.reshape(B, n, chunk, R, H, D).permute(1, 0, 4, 2, 3, 5)
+    return x.reshape(n, B, H, chunk * R, D).contiguous()
+
+
+def _scalars(x: torch.Tensor, chunk: int, n: int) -> torch.Tensor:
+    """(B, L, H) -> (n, B, H, chunk), zero-padded along L."""
+    B, L, H = x.shape
+    if n * chunk > L:
+        x = F.pad(x, (0, 0, 0, n * chunk - L))
+    return x.reshape(B, n, chunk, H).permute(1, 0, 3, 2).contiguous()
+
+
+def empty_saved(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Nothing is kept for the backward (it recomputes): an empty placeholder."""
+    return q.new_empty(0, dtype=compute_dtype(q))
+
+
+class Pass(NamedTuple):
+    """The chunked forward pass; (n, B, H, C R, .) rows and (n, B, H, C, .) decays."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    s: torch.Tensor  # (n, B, H, C)
+    gamma: torch.Tensor  # (n, B, H, C, C)
+    e: torch.Tensor  # (n, B, H, C)
+    y: torch.Tensor  # (n, B, H, C R, P)
+    h: torch.Tensor | None  # the chunks' start states (n, B, H, P, N); None: all zero
+    state: torch.Tensor | None  # after the last chunk (None: not asked for)
+
+
+def _decays(a: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Gamma (n, B, H, C, C), e (n, B, H, C), w (n, B, H, C), e_C (n, B, H) from a."""
+    C = a.shape[-1]
+    ones = torch.ones(C, C, dtype=torch.bool, device=a.device)
+    seg = (a[..., :, None] * ones.tril(-1)).cumsum(-2)  # [i, j] = a_{j+1} + ... + a_i
+    gamma = seg.exp() * ones.tril()
+    total = a.sum(-1)
+    return gamma, a.cumsum(-1).exp(), seg[..., -1, :].exp(), total.exp()
+
+
+def run(args: CoreArgs, final: bool) -> Pass:
+    """The chunked recurrence, differentiable; the state after the last chunk only if
+    `final`."""
+    compute = compute_dtype(args.q)
+    B, L, R, H, N = args.q.shape
+    chunk = min(CHUNK_SIZE, L)
+    n = -(-L // chunk)
+    q, k, v = (_steps(getattr(args, f).to(compute), chunk, n) for f in ("q", "k", "v"))
+    a, s = (_scalars(getattr(args, f).to(compute), chunk, n) for f in ("a", "s"))
+    gamma, e, w, last = _decays(a)
+    weights = (gamma * s[..., None, :]).repeat_interleave(R, -1).repeat_interleave(R, -2)
+    y = ((q @ k.transpose(-1, -2)) * weights) @ v
+    writes = (v * (w * s).repeat_interleave(R, -1)[..., None]).transpose(-1, -2) @ k
+    state = None if args.initial_state is None else args.initial_state.to(compute)
+    starts = []
+    for c in range(n):
+        starts.append(state)
+        if c + 1 < n or final:
+            state = writes[c] if state is None else last[c][..., None, None] * state + writes[c]
+    h = None
+    if any(x is not None for x in starts):
+        h = torch.stack([torch.zeros_like(starts[-1]) if x is None else x for x in starts])
+        y = y + e.repeat_interleave(R, -1)[..., None] * (q @ h.transpose(-1, -2))
+    return Pass(q, k, v, s, gamma, e, y, h, state if final else None)
+
+
+def _unsteps(y: torch.Tensor, L: int, R: int) -> torch.Tensor:
+    """(n, B, H, C R, P) -> (B, L, R, H, P)."""
+    n, B, H, CR, P = y.shape
+    y = y.reshape(n, B, H, CR // R, R, P).permute(1, 0, 3, 4, 2, 5)
+    return y.reshape(B, n * (CR // R), R, H, P)[:, :L]
+
+
+def forward_inference(args: CoreArgs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(y (B, L, R, H, P) in the compute dtype, the final state (B, H, P, N) or None)."""
+    p = run(args, args.output_final_state)
+    return _unsteps(p.y, args.q.shape[1], args.q.shape[2]).contiguous(), p.state
+
+
+def forward(args: CoreArgs) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """y, the final state or None, and the (empty) saved buffer."""
+    y, final = forward_inference(args)
+    return y, final, empty_saved(args.q, args.v)
+
+
+def backward(args: CoreArgs, grads: tuple, saved: tuple) -> list[torch.Tensor | None]:
+    """Gradients of q, k, v, a, s, initial_state (None for an absent initial state): the
+    vector-Jacobian product of the recomputed chunked forward."""
+    dy, dfinal = grads[0], grads[1] if args.output_final_state else None
+    final = dfinal is not None and dfinal.numel() > 0
+    present = [f for f in TENSORS if getattr(args, f) is not None]
+    L, R = args.q.shape[1], args.q.shape[2]
+
+    def outputs(*tensors):
+        p = run(args._replace(**dict(zip(present, tensors, strict=True))), final)
+        y = _unsteps(p.y, L, R)
+        return (y, p.state) if final else (y,)
+
+    with torch.enable_grad():
+        primal, vjp = torch.func.vjp(outputs, *(getattr(args, f) for f in present))
+        cotangents = (dy.to(primal[0].dtype),) + ((dfinal.to(primal[1].dtype),) if final else ())
+        found = vjp(cotangents)
+    by_name = dict(zip(present, found, strict=True))
+    return [by_name.get(f) for f in TENSORS]
+
+
+def forward_states_at(args: CoreArgs, at: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(y, the final state or None, the states after steps at[b, :] of each row b
+    (B, P', H, P, N)), without gradients: inside a chunk the state after step j is
+    e_j h + (diag(Gamma[j] s)_R V)^T K, from the chunk's start state h."""
+    p = run(args, args.output_final_state)
+    L, R = args.q.shape[1], args.q.shape[2]
+    chunk = p.s.shape[-1]
+    rows = torch.arange(at.shape[0], device=at.device)[:, None]
+    c, j = at // chunk, at % chunk  # (B, P')
+    weights = (p.gamma[c, rows, :, j] * p.s[c, rows]).repeat_interleave(R, -1)  # (B, P', H, CR)
+    states = (p.v[c, rows] * weights[..., None]).transpose(-1, -2) @ p.k[c, rows]
+    if p.h is not None:
+        states = states + p.e[c, rows, :, j][..., None, None] * p.h[c, rows]
+    return _unsteps(p.y, L, R).contiguous(), p.state, states
