@@ -13,7 +13,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("op", ["short_conv", "selective_scan", "delta_rule", "gated_delta_rule"])
+@pytest.mark.parametrize(
+    "op",
+    ["short_conv", "selective_scan", "delta_rule", "gated_delta_rule", "dplr_delta_rule", "mamba3"],
+)
 def test_kernels_compile_for_hopper(op):
     pytest.importorskip("triton.backends.nvidia.compiler")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
