@@ -182,6 +182,8 @@ BENCHMARK_STAGES = [
             "benchmarks/bench_delta_rule.py",
             "benchmarks/bench_gated_delta_rule.py",
             "benchmarks/bench_mamba2.py",
+            "benchmarks/bench_dplr_delta_rule.py",
+            "benchmarks/bench_mamba3.py",
         ],
         0.45,
     ),

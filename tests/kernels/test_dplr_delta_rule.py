@@ -154,23 +154,35 @@ def _fla_naive():
 @pytest.mark.parametrize("backend,dtype", [("torch", torch.float32), ("triton", torch.float32),
                                            ("torch", torch.float64)])  # fmt: skip
 def test_matches_fla_naive_reference(monkeypatch, device, backend, dtype):
-    """fla 0.6.0's `dplr_recurrence` (head-first, scale K ** -0.5) on the same inputs. It casts
-    q, k, v, b, gk with .float(); for the float64 check that cast keeps float64 (patched for the
-    call), so it computes in float64."""
+    """fla 0.6.0's `dplr_recurrence` (head-first, scale K ** -0.5) on the same inputs: outputs,
+    final state and every gradient (through its autograd). It casts q, k, v, b, gk with
+    .float(); for the float64 check that cast keeps float64 (patched for the call), so it
+    computes in float64."""
     naive = _fla_naive()
     device = device if backend == "triton" else torch.device("cpu")
-    q, k, v, a, b, gk, s = _inputs(2, 37, 2, 16, 12, dtype, device, True, seed=4)
-    o, final = chunk_dplr_delta_rule(q, k, v, a, b, gk, None, s, True, backend=backend)
+    inputs = _inputs(2, 37, 2, 16, 12, dtype, device, True, seed=4)
+    gen = torch.Generator().manual_seed(2)
+    do = torch.randn(2, 37, 2, 12, generator=gen).to(device, dtype)
+    dfinal = torch.randn(2, 2, 16, 12, generator=gen).to(device, dtype)
+    o, final, grads = _forward_and_grads(chunk_dplr_delta_rule, inputs, do, dfinal,
+                                         backend=backend)  # fmt: skip
     if dtype == torch.float64:
         real = torch.Tensor.float
         monkeypatch.setattr(
             torch.Tensor, "float", lambda t: t if t.dtype == torch.float64 else real(t)
         )
     first = lambda t: t.transpose(1, 2)  # noqa: E731
-    o_fla, final_fla = naive(*(first(t) for t in (q, k, v, a, b, gk)), s, True)
+
+    def fla(q, k, v, a, b, gk, initial_state, output_final_state):
+        o, s = naive(*(first(t) for t in (q, k, v, a, b, gk)), initial_state, output_final_state)
+        return first(o), s
+
+    o_fla, final_fla, grads_fla = _forward_and_grads(fla, inputs, do, dfinal)
     assert o_fla.dtype == dtype
-    assert_close(o, first(o_fla), dtype, "o")
+    assert_close(o, o_fla, dtype, "o")
     assert_close(final, final_fla, dtype, "final_state")
+    for name, grad, grad_fla in zip(GRAD_NAMES, grads, grads_fla, strict=True):
+        assert_close(grad, grad_fla, dtype, name)
 
 
 def test_rwkv7_is_the_dplr_delta_rule_in_rwkv7s_names():
