@@ -22,7 +22,6 @@ import torch.nn.functional as F
 
 from mecheval_kernels._op import compute_dtype
 from mecheval_kernels.mamba3.core import CoreArgs
-from mecheval_kernels.mamba3.reference import rotate
 
 
 class Inputs(NamedTuple):
@@ -56,38 +55,94 @@ class Inputs(NamedTuple):
 
 
 class Prepared(NamedTuple):
-    """The core's arguments and what the output and the states need beside them."""
+    """The core's arguments and what the output and the states need beside them. q, k and v
+    are (B, L, R, H, .) views of head-major (B, H, L, R, .) tensors (the core's chunks then
+    need no copy); q is None when not formed (`prepare(queries=False)`: `queries_at` turns the
+    few a caller needs)."""
 
     core: CoreArgs
-    q: torch.Tensor  # (B, L, R, H, N) rotated
+    q: torch.Tensor | None  # (B, L, R, H, N) rotated
     k: torch.Tensor
     v: torch.Tensor  # (B, L, R, H, P)
     c_next: torch.Tensor  # (B, L, H): c_{t+1}
     theta: torch.Tensor  # (B, L, H, A): the cumulative angles
 
 
-def prepare(x: Inputs, final: bool) -> Prepared:
-    """The rotated q, k, the projected v, the core's a and s and start state (module
-    docstring), in the compute dtype (float32; float64 for float64 inputs)."""
+def turned(x: Inputs, t: torch.Tensor, bias: torch.Tensor, turn: torch.Tensor) -> torch.Tensor:
+    """Q or K (B, L', R, G, N) plus its bias (H, R, N), turned by `turn` (`turning`):
+    (B, L', R, H, N), a view of a head-major (B, H, L', R, N) tensor (each group's rows
+    broadcast to its H / G heads by the bias's sum, one pass)."""
+    dtype = compute_dtype(x.V)
+    B, L, R, G, N = t.shape
+    H = bias.shape[0]
+    grouped = t.to(dtype).permute(0, 3, 1, 2, 4)[:, :, None]  # (B, G, 1, L', R, N)
+    heads = grouped + bias.to(dtype).view(G, H // G, 1, R, N)
+    return _rotated(heads.view(B, H, L, R, N), turn, x.pairs).permute(0, 2, 3, 1, 4)
+
+
+def turning(theta: torch.Tensor) -> torch.Tensor:
+    """The turn by theta (B, L', H, A), head-major (B, H, L', 1, A): exp(i theta) in eager mode
+    (one complex product turns a pair: twice as fast on CPU as four real ones), the real
+    (cos, sin) stacked last under torch.compile (inductor has no complex code)."""
+    angles = theta.permute(0, 2, 1, 3)[:, :, :, None]
+    if torch.compiler.is_compiling():
+        return torch.stack([angles.cos(), angles.sin()], dim=-1)
+    return torch.polar(torch.ones_like(angles), angles)
+
+
+def _rotated(x: torch.Tensor, turn: torch.Tensor, pairs: str) -> torch.Tensor:
+    """x (..., N) with its channel pairs turned (reference.rotate says which pairs)."""
+    A, N = turn.shape[-1] if turn.is_complex() else turn.shape[-2], x.shape[-1]
+    if pairs == "pairwise" and turn.is_complex():  # adjacent pairs: x's own memory as complex
+        turned = torch.view_as_real(
+            torch.view_as_complex(x[..., : 2 * A].unflatten(-1, (A, 2))) * turn
+        )
+        return (
+            torch.cat([turned.flatten(-2), x[..., 2 * A :]], dim=-1)
+            if 2 * A < N
+            else turned.flatten(-2)
+        )
+    if pairs == "pairwise":
+        first, second, rest = x[..., 0 : 2 * A : 2], x[..., 1 : 2 * A : 2], x[..., 2 * A :]
+    else:
+        half = N // 2
+        first, second = x[..., :A], x[..., half : half + A]
+        rest = (x[..., A:half], x[..., half + A :])
+    if turn.is_complex():
+        c = torch.complex(first, second) * turn
+        first, second = c.real, c.imag
+    else:
+        cos, sin = turn[..., 0], turn[..., 1]
+        first, second = first * cos - second * sin, first * sin + second * cos
+    if pairs == "pairwise":
+        return torch.cat([torch.stack([first, second], dim=-1).flatten(-2), rest], dim=-1)
+    return torch.cat([first, rest[0], second, rest[1]], dim=-1)
+
+
+def prepare(x: Inputs, final: bool, queries: bool = True) -> Prepared:
+    """The rotated q (unless not `queries`), k, the projected v, the core's a and s and start
+    state (module docstring), in the compute dtype (float32; float64 for float64 inputs)."""
     dtype = compute_dtype(x.V)
     f = lambda t: t.to(dtype)  # noqa: E731
-    B, L, R, G, N = x.Q.shape
-    H = x.V.shape[2]
     dt, adt, lam = (f(t).transpose(1, 2) for t in (x.DT, x.ADT, x.Trap))  # (B, L, H)
     lam = torch.sigmoid(lam)
     # The angles accumulate in float64 and are taken mod 2 pi there: long sequences reach
     # thousands of radians, of which float32 would keep ~1e-4.
-    steps = math.pi * torch.tanh(x.Angles.double()) * dt.double()[..., None]
+    angles = x.Angles
+    if angles.shape[2] > 1 and angles.stride(2) == 0:  # one rate for every head (a layer's
+        angles = angles[:, :, :1]  # angles expanded over heads): take the tanh once
+    steps = (math.pi * torch.tanh(f(angles)) * dt[..., None]).double()
     theta = steps.cumsum(1)
     if x.states is not None:
         theta = theta + x.states[0].double()[:, None]
     theta = f(torch.remainder(theta, 2 * math.pi))
-    heads = lambda t: f(t).repeat_interleave(H // G, dim=-2)  # noqa: E731
-    turn = lambda t, bias: rotate(heads(t) + f(bias).transpose(0, 1), theta[:, :, None], x.pairs)  # noqa: E731
-    q, k = turn(x.Q, x.Q_bias), turn(x.K, x.K_bias)
-    v = f(x.V)[:, :, None]
+    turn = turning(theta)
+    q = turned(x, x.Q, x.Q_bias, turn) if queries else None
+    k = turned(x, x.K, x.K_bias, turn)
+    v = f(x.V).permute(0, 2, 1, 3)[:, :, :, None]  # (B, H, L, 1, P)
     if x.mimo_v is not None:
-        v = v * f(x.mimo_v).transpose(0, 1)
+        v = v * f(x.mimo_v)[:, None]
+    v = v.permute(0, 2, 3, 1, 4)
     c = (1 - lam) * dt
     c_next = F.pad(c[:, 1:], (0, 0, 0, 1))
     start = None
@@ -98,8 +153,16 @@ def prepare(x: Inputs, final: bool) -> Prepared:
     return Prepared(core, q, k, v, c_next, theta)
 
 
+def queries_at(x: Inputs, p: Prepared, at: torch.Tensor) -> torch.Tensor:
+    """The rotated queries at step at[b] of each row b alone: (B, 1, R, H, N)."""
+    rows = torch.arange(at.shape[0], device=at.device)
+    return turned(x, x.Q[rows, at][:, None], x.Q_bias, turning(p.theta[rows, at][:, None]))
+
+
 def correction(q, k, v, c_next) -> torch.Tensor:
     """c_{t+1} W_t q_{t,r} (B, L, R, H, P): what y_{t,r} = h'_t q_{t,r} holds beyond h_t q."""
+    if q.shape[2] == 1:  # SISO: one product per step and head
+        return (c_next[:, :, None] * (q * k).sum(-1))[..., None] * v
     return c_next[:, :, None, :, None] * torch.einsum("blrhn,blshn,blshp->blrhp", q, k, v)
 
 

@@ -36,7 +36,9 @@ TENSORS = ("q", "k", "v", "a", "s", "initial_state")
 
 
 def _steps(x: torch.Tensor, chunk: int, n: int) -> torch.Tensor:
-    """(B, L, R, H, D) -> (n, B, H, chunk * R, D), zero-padded along L."""
+    """(B, L, R, H, D) -> (n, B, H, chunk * R, D), zero-padded along L (no copy for one chunk
+    of a view of a head-major (B, H, L, R, D) tensor, as mecheval_kernels.mamba3.prepare
+    makes them)."""
     B, L, R, H, D = x.shape
     if n * chunk > L:
         x = F.pad(x, (0, 0, 0, 0, 0, 0, 0, n * chunk - L))
@@ -60,13 +62,13 @@ def empty_saved(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 class Pass(NamedTuple):
     """The chunked forward pass; (n, B, H, C R, .) rows and (n, B, H, C, .) decays."""
 
-    q: torch.Tensor
+    q: torch.Tensor | None
     k: torch.Tensor
     v: torch.Tensor
     s: torch.Tensor  # (n, B, H, C)
     gamma: torch.Tensor  # (n, B, H, C, C)
     e: torch.Tensor  # (n, B, H, C)
-    y: torch.Tensor  # (n, B, H, C R, P)
+    y: torch.Tensor | None  # (n, B, H, C R, P); None: not formed
     h: torch.Tensor | None  # the chunks' start states (n, B, H, P, N); None: all zero
     state: torch.Tensor | None  # after the last chunk (None: not asked for)
 
@@ -81,29 +83,38 @@ def _decays(a: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return gamma, a.cumsum(-1).exp(), seg[..., -1, :].exp(), total.exp()
 
 
-def run(args: CoreArgs, final: bool) -> Pass:
+def run(args: CoreArgs, final: bool, outputs: bool = True) -> Pass:
     """The chunked recurrence, differentiable; the state after the last chunk only if
-    `final`."""
-    compute = compute_dtype(args.q)
-    B, L, R, H, N = args.q.shape
+    `final`; the outputs y only if `outputs` (else args.q is not read)."""
+    compute = compute_dtype(args.k)
+    B, L, R, H, N = args.k.shape
     chunk = min(CHUNK_SIZE, L)
     n = -(-L // chunk)
-    q, k, v = (_steps(getattr(args, f).to(compute), chunk, n) for f in ("q", "k", "v"))
+    k, v = (_steps(getattr(args, f).to(compute), chunk, n) for f in ("k", "v"))
     a, s = (_scalars(getattr(args, f).to(compute), chunk, n) for f in ("a", "s"))
     gamma, e, w, last = _decays(a)
-    weights = (gamma * s[..., None, :]).repeat_interleave(R, -1).repeat_interleave(R, -2)
-    y = ((q @ k.transpose(-1, -2)) * weights) @ v
-    writes = (v * (w * s).repeat_interleave(R, -1)[..., None]).transpose(-1, -2) @ k
+    ranks = lambda x: x if R == 1 else x.repeat_interleave(R, -1)  # noqa: E731
+    # The writes of every chunk whose end state is needed (the last one's only if `final`).
+    kept = n if final else n - 1
+    writes = (v[:kept] * ranks(w[:kept] * s[:kept])[..., None]).transpose(-1, -2) @ k[:kept]
     state = None if args.initial_state is None else args.initial_state.to(compute)
     starts = []
     for c in range(n):
         starts.append(state)
-        if c + 1 < n or final:
+        if c < kept:
             state = writes[c] if state is None else last[c][..., None, None] * state + writes[c]
     h = None
     if any(x is not None for x in starts):
         h = torch.stack([torch.zeros_like(starts[-1]) if x is None else x for x in starts])
-        y = y + e.repeat_interleave(R, -1)[..., None] * (q @ h.transpose(-1, -2))
+    q = y = None
+    if outputs:
+        q = _steps(args.q.to(compute), chunk, n)
+        weights = gamma * s[..., None, :]
+        if R > 1:
+            weights = weights.repeat_interleave(R, -1).repeat_interleave(R, -2)
+        y = ((q @ k.transpose(-1, -2)) * weights) @ v
+        if h is not None:
+            y = y + ranks(e)[..., None] * (q @ h.transpose(-1, -2))
     return Pass(q, k, v, s, gamma, e, y, h, state if final else None)
 
 
@@ -147,17 +158,28 @@ def backward(args: CoreArgs, grads: tuple, saved: tuple) -> list[torch.Tensor | 
     return [by_name.get(f) for f in TENSORS]
 
 
-def forward_states_at(args: CoreArgs, at: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(y, the final state or None, the states after steps at[b, :] of each row b
-    (B, P', H, P, N)), without gradients: inside a chunk the state after step j is
-    e_j h + (diag(Gamma[j] s)_R V)^T K, from the chunk's start state h."""
-    p = run(args, args.output_final_state)
-    L, R = args.q.shape[1], args.q.shape[2]
+def forward_states_at(args: CoreArgs, at: torch.Tensor, outputs: bool = True) -> tuple:
+    """(y or None (without `outputs`: args.q is not read), the final state or None, the states
+    after steps at[b, :] of each row b (B, P', H, P, N)), without gradients: inside a chunk the
+    state after step j is e_j h + (diag(Gamma[j] s)_R V)^T K, from the chunk's start state
+    h."""
+    p = run(args, args.output_final_state, outputs)
+    n, B, H, CR, P = p.v.shape
+    L, R = args.k.shape[1], args.k.shape[2]
     chunk = p.s.shape[-1]
-    rows = torch.arange(at.shape[0], device=at.device)[:, None]
+    rows = torch.arange(B, device=at.device)[:, None]
     c, j = at // chunk, at % chunk  # (B, P')
-    weights = (p.gamma[c, rows, :, j] * p.s[c, rows]).repeat_interleave(R, -1)  # (B, P', H, CR)
-    states = (p.v[c, rows] * weights[..., None]).transpose(-1, -2) @ p.k[c, rows]
+    # Each position's weights over every step of the sequence (zero outside its chunk and
+    # after it), so that V and K are read in place: no per-position copy of its chunk.
+    weights = torch.zeros(B, at.shape[1], H, n, chunk, dtype=p.s.dtype, device=at.device)
+    picks = torch.arange(at.shape[1], device=at.device)[None, :]
+    weights[rows, picks, :, c] = p.gamma[c, rows, :, j] * p.s[c, rows]
+    weights = weights.flatten(-2)
+    weights = weights if R == 1 else weights.repeat_interleave(R, -1)  # (B, P', H, n C R)
+    v = p.v.permute(1, 2, 4, 0, 3).reshape(B, 1, H, P, n * CR)  # V^T, steps last
+    k = p.k.permute(1, 2, 0, 3, 4).reshape(B, 1, H, n * CR, -1)
+    states = (v * weights[..., None, :]) @ k
     if p.h is not None:
         states = states + p.e[c, rows, :, j][..., None, None] * p.h[c, rows]
-    return _unsteps(p.y, L, R).contiguous(), p.state, states
+    y = None if p.y is None else _unsteps(p.y, L, R).contiguous()
+    return y, p.state, states
