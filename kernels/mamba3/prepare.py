@@ -23,6 +23,9 @@ import torch.nn.functional as F
 from mecheval_kernels._op import compute_dtype
 from mecheval_kernels.mamba3.core import CoreArgs
 
+# Steps whose angles are summed in the compute dtype before a float64 sum across blocks.
+ANGLE_BLOCK = 64
+
 
 class Inputs(NamedTuple):
     """A drop-in call's validated arguments, SISO as rank 1: Q, K (B, L, R, G, N); V, Z
@@ -71,13 +74,24 @@ class Prepared(NamedTuple):
 def turned(x: Inputs, t: torch.Tensor, bias: torch.Tensor, turn: torch.Tensor) -> torch.Tensor:
     """Q or K (B, L', R, G, N) plus its bias (H, R, N), turned by `turn` (`turning`):
     (B, L', R, H, N), a view of a head-major (B, H, L', R, N) tensor (each group's rows
-    broadcast to its H / G heads by the bias's sum, one pass)."""
+    broadcast to its H / G heads by the bias's sum)."""
     dtype = compute_dtype(x.V)
     B, L, R, G, N = t.shape
     H = bias.shape[0]
     grouped = t.to(dtype).permute(0, 3, 1, 2, 4)[:, :, None]  # (B, G, 1, L', R, N)
-    heads = grouped + bias.to(dtype).view(G, H // G, 1, R, N)
-    return _rotated(heads.view(B, H, L, R, N), turn, x.pairs).permute(0, 2, 3, 1, 4)
+    bias = bias.to(dtype).view(G, H // G, 1, R, N)
+    if x.pairs == "pairwise" and turn.is_complex():
+        # Adjacent pairs: written straight into the result, the unturned channels by the
+        # bias's sum, the turned ones as one complex product (no full-size temporary).
+        A = turn.shape[-1]
+        out = torch.empty(B, G, H // G, L, R, N, dtype=dtype, device=t.device)
+        out[..., 2 * A :] = grouped[..., 2 * A :] + bias[..., 2 * A :]
+        pairs = (grouped[..., : 2 * A] + bias[..., : 2 * A]).unflatten(-1, (A, 2))
+        products = torch.view_as_complex(pairs) * turn.view(B, G, H // G, L, 1, A)
+        out[..., : 2 * A] = torch.view_as_real(products).flatten(-2)
+        return out.view(B, H, L, R, N).permute(0, 2, 3, 1, 4)
+    heads = (grouped + bias).view(B, H, L, R, N)
+    return _rotated(heads, turn, x.pairs).permute(0, 2, 3, 1, 4)
 
 
 def turning(theta: torch.Tensor) -> torch.Tensor:
@@ -93,15 +107,6 @@ def turning(theta: torch.Tensor) -> torch.Tensor:
 def _rotated(x: torch.Tensor, turn: torch.Tensor, pairs: str) -> torch.Tensor:
     """x (..., N) with its channel pairs turned (reference.rotate says which pairs)."""
     A, N = turn.shape[-1] if turn.is_complex() else turn.shape[-2], x.shape[-1]
-    if pairs == "pairwise" and turn.is_complex():  # adjacent pairs: x's own memory as complex
-        turned = torch.view_as_real(
-            torch.view_as_complex(x[..., : 2 * A].unflatten(-1, (A, 2))) * turn
-        )
-        return (
-            torch.cat([turned.flatten(-2), x[..., 2 * A :]], dim=-1)
-            if 2 * A < N
-            else turned.flatten(-2)
-        )
     if pairs == "pairwise":
         first, second, rest = x[..., 0 : 2 * A : 2], x[..., 1 : 2 * A : 2], x[..., 2 * A :]
     else:
@@ -126,16 +131,10 @@ def prepare(x: Inputs, final: bool, queries: bool = True) -> Prepared:
     f = lambda t: t.to(dtype)  # noqa: E731
     dt, adt, lam = (f(t).transpose(1, 2) for t in (x.DT, x.ADT, x.Trap))  # (B, L, H)
     lam = torch.sigmoid(lam)
-    # The angles accumulate in float64 and are taken mod 2 pi there: long sequences reach
-    # thousands of radians, of which float32 would keep ~1e-4.
     angles = x.Angles
     if angles.shape[2] > 1 and angles.stride(2) == 0:  # one rate for every head (a layer's
         angles = angles[:, :, :1]  # angles expanded over heads): take the tanh once
-    steps = (math.pi * torch.tanh(f(angles)) * dt[..., None]).double()
-    theta = steps.cumsum(1)
-    if x.states is not None:
-        theta = theta + x.states[0].double()[:, None]
-    theta = f(torch.remainder(theta, 2 * math.pi))
+    theta = _cumulative_angles(math.pi * torch.tanh(f(angles)) * dt[..., None], x.states)
     turn = turning(theta)
     q = turned(x, x.Q, x.Q_bias, turn) if queries else None
     k = turned(x, x.K, x.K_bias, turn)
@@ -151,6 +150,23 @@ def prepare(x: Inputs, final: bool, queries: bool = True) -> Prepared:
         start = h + c[:, 0, :, None, None] * torch.einsum("brhp,brhn->bhpn", v_prev, k_prev)
     core = CoreArgs(q, k, v, adt, lam * dt + c_next, start, final)
     return Prepared(core, q, k, v, c_next, theta)
+
+
+def _cumulative_angles(steps: torch.Tensor, states: tuple | None) -> torch.Tensor:
+    """theta = (theta_0 + the cumulative sum of steps (B, L, H, A) over L) mod 2 pi, in steps'
+    dtype. Long sequences reach thousands of radians, of which float32 would keep ~1e-4: the
+    sums run within blocks of ANGLE_BLOCK steps in steps' dtype, and across blocks in float64,
+    taken mod 2 pi before they meet the in-block sums."""
+    B, L, H, A = steps.shape
+    n = -(-L // ANGLE_BLOCK)
+    blocks = F.pad(steps, (0, 0, 0, 0, 0, n * ANGLE_BLOCK - L)).unflatten(1, (n, ANGLE_BLOCK))
+    inner = blocks.cumsum(2)  # (B, n, block, H, A)
+    start = F.pad(inner[:, :-1, -1].double().cumsum(1), (0, 0, 0, 0, 1, 0))  # (B, n, H, A)
+    if states is not None:
+        start = start + states[0].double()[:, None]
+    start = torch.remainder(start, 2 * math.pi).to(steps.dtype)
+    theta = (inner + start[:, :, None]).flatten(1, 2)[:, :L]
+    return torch.remainder(theta, 2 * math.pi)
 
 
 def queries_at(x: Inputs, p: Prepared, at: torch.Tensor) -> torch.Tensor:
