@@ -74,24 +74,13 @@ class Prepared(NamedTuple):
 def turned(x: Inputs, t: torch.Tensor, bias: torch.Tensor, turn: torch.Tensor) -> torch.Tensor:
     """Q or K (B, L', R, G, N) plus its bias (H, R, N), turned by `turn` (`turning`):
     (B, L', R, H, N), a view of a head-major (B, H, L', R, N) tensor (each group's rows
-    broadcast to its H / G heads by the bias's sum)."""
+    broadcast to its H / G heads by the bias's sum, one pass)."""
     dtype = compute_dtype(x.V)
     B, L, R, G, N = t.shape
     H = bias.shape[0]
     grouped = t.to(dtype).permute(0, 3, 1, 2, 4)[:, :, None]  # (B, G, 1, L', R, N)
-    bias = bias.to(dtype).view(G, H // G, 1, R, N)
-    if x.pairs == "pairwise" and turn.is_complex():
-        # Adjacent pairs: written straight into the result, the unturned channels by the
-        # bias's sum, the turned ones as one complex product (no full-size temporary).
-        A = turn.shape[-1]
-        out = torch.empty(B, G, H // G, L, R, N, dtype=dtype, device=t.device)
-        out[..., 2 * A :] = grouped[..., 2 * A :] + bias[..., 2 * A :]
-        pairs = (grouped[..., : 2 * A] + bias[..., : 2 * A]).unflatten(-1, (A, 2))
-        products = torch.view_as_complex(pairs) * turn.view(B, G, H // G, L, 1, A)
-        out[..., : 2 * A] = torch.view_as_real(products).flatten(-2)
-        return out.view(B, H, L, R, N).permute(0, 2, 3, 1, 4)
-    heads = (grouped + bias).view(B, H, L, R, N)
-    return _rotated(heads, turn, x.pairs).permute(0, 2, 3, 1, 4)
+    heads = grouped + bias.to(dtype).view(G, H // G, 1, R, N)
+    return _rotated(heads.view(B, H, L, R, N), turn, x.pairs).permute(0, 2, 3, 1, 4)
 
 
 def turning(theta: torch.Tensor) -> torch.Tensor:
@@ -107,6 +96,10 @@ def turning(theta: torch.Tensor) -> torch.Tensor:
 def _rotated(x: torch.Tensor, turn: torch.Tensor, pairs: str) -> torch.Tensor:
     """x (..., N) with its channel pairs turned (reference.rotate says which pairs)."""
     A, N = turn.shape[-1] if turn.is_complex() else turn.shape[-2], x.shape[-1]
+    if pairs == "pairwise" and turn.is_complex():  # adjacent pairs: x's own memory as complex
+        pairs_ = torch.view_as_complex(x[..., : 2 * A].unflatten(-1, (A, 2)))
+        turned = torch.view_as_real(pairs_ * turn).flatten(-2)
+        return torch.cat([turned, x[..., 2 * A :]], dim=-1) if 2 * A < N else turned
     if pairs == "pairwise":
         first, second, rest = x[..., 0 : 2 * A : 2], x[..., 1 : 2 * A : 2], x[..., 2 * A :]
     else:
