@@ -47,9 +47,10 @@ A_ACTIVATIONS = {"heavy_tail": heavy_tail, "softplus": F.softplus}
 class Mamba3(Mixer):
     """Mamba-3 mixer.
 
-    Sites: `x` (B, L, d_inner) the values, `B` and `C` (B, L, mimo_rank ngroups d_state) the
-    keys and queries after their norms (before their biases and rotation), `z` (B, L, d_inner)
-    the gate; `state` (B, nheads, headdim, d_state) float32, the SSM state h after a position.
+    Sites: `in_proj_output` (B, L, d_in_proj), u W_in, every projection of one position (z, x,
+    B, C, dd_dt, dd_A, trap, angles, in that order; no conv follows it), through which alone
+    the input reaches other positions; `state` (B, nheads, headdim, d_state) float32, the SSM
+    state h after a position.
 
     Args:
         d_model: channels in and out.
@@ -73,8 +74,8 @@ class Mamba3(Mixer):
 
     resumable = True
     reads_out_at = True
-    local_sites = ("x", "B", "C", "z")
-    readout_sites = {"C": 1, "z": 1}
+    local_sites = ("in_proj_output",)
+    reach_site = "in_proj_output"  # the mixer's input is read by in_proj alone
     context_sites = None
 
     def __init__(
@@ -199,9 +200,8 @@ class Mamba3(Mixer):
         self, hidden_states: torch.Tensor, context: tuple | None
     ) -> tuple[dict, torch.Tensor]:
         """(the scan's arguments by name, z (B, L, H, P))."""
-        parts = self.in_proj(hidden_states).split(self.split_sizes, dim=-1)
-        z, x, B, C, dd_dt, dd_A, trap, angles = parts
-        x, B, C, z = self.x(x), self.B(B), self.C(C), self.z(z)
+        projected = self.in_proj_output(self.in_proj(hidden_states))
+        z, x, B, C, dd_dt, dd_A, trap, angles = projected.split(self.split_sizes, dim=-1)
         H, R, G, N, P = self.nheads, self.mimo_rank, self.ngroups, self.d_state, self.headdim
         x, z = x.unflatten(-1, (H, P)), z.unflatten(-1, (H, P))
         B, C = self.B_norm(B.unflatten(-1, (R, G, N))), self.C_norm(C.unflatten(-1, (R, G, N)))
