@@ -49,8 +49,10 @@ class Mamba3(Mixer):
 
     Sites: `in_proj_output` (B, L, d_in_proj), u W_in, every projection of one position (z, x,
     B, C, dd_dt, dd_A, trap, angles, in that order; no conv follows it), through which alone
-    the input reaches other positions; `state` (B, nheads, headdim, d_state) float32, the SSM
-    state h after a position.
+    the input reaches other positions; from it `x` (B, L, d_inner) the values, `B` and `C`
+    (B, L, mimo_rank ngroups d_state) the keys and queries after their norms (before their
+    biases and rotation), `z` (B, L, d_inner) the gate; `state` (B, nheads, headdim, d_state)
+    float32, the SSM state h after a position.
 
     Args:
         d_model: channels in and out.
@@ -74,8 +76,11 @@ class Mamba3(Mixer):
 
     resumable = True
     reads_out_at = True
-    local_sites = ("in_proj_output",)
+    local_sites = ("in_proj_output", "x", "B", "C", "z")
     reach_site = "in_proj_output"  # the mixer's input is read by in_proj alone
+    readout_sites = {"C": 1, "z": 1}  # queries and gate act at their own position
+    # Contexts come from a base run in segments: reading in_proj_output and the states in one
+    # pass measured slower (the named grid 4.8 -> 5.5 CPU s, benchmarks/grid_speedups.py).
     context_sites = None
 
     def __init__(
@@ -202,6 +207,7 @@ class Mamba3(Mixer):
         """(the scan's arguments by name, z (B, L, H, P))."""
         projected = self.in_proj_output(self.in_proj(hidden_states))
         z, x, B, C, dd_dt, dd_A, trap, angles = projected.split(self.split_sizes, dim=-1)
+        x, B, C, z = self.x(x), self.B(B), self.C(C), self.z(z)
         H, R, G, N, P = self.nheads, self.mimo_rank, self.ngroups, self.d_state, self.headdim
         x, z = x.unflatten(-1, (H, P)), z.unflatten(-1, (H, P))
         B, C = self.B_norm(B.unflatten(-1, (R, G, N))), self.C_norm(C.unflatten(-1, (R, G, N)))
@@ -228,24 +234,25 @@ class Mamba3(Mixer):
 
     def _carried(self, arguments: dict, theta: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         """(the angles, the last rotated keys (B, R, H, N), the last values (B, H, P)) after the
-        last position, as the scan forms them (mecheval_kernels.mamba3.prepare)."""
-        steps = (
-            math.pi
-            * torch.tanh(arguments["Angles"].double())
-            * arguments["DT"].mT.double()[..., None]
-        )
+        last position of a call on `arguments`, continuing from angles `theta` (or zero)."""
+        keys = arguments["K"][:, -1]
+        keys = keys if self.is_mimo else keys[:, None]
+        angles = arguments["Angles"][:, :, 0]  # one rate for every head
+        return self._after(arguments["DT"].mT, angles, keys, arguments["V"][:, -1], theta)
+
+    def _after(self, dt, angles, keys, values, theta) -> tuple[torch.Tensor, ...]:
+        """The angles, keys and values a context carries, as the scan forms them
+        (mecheval_kernels.mamba3.prepare): theta = (theta + the sum of pi tanh(angles) dt) mod
+        2 pi (B, H, A), the last keys (B, R, G, N) plus their bias turned by it, the last values
+        (B, H, P). dt (B, L', H); angles (B, L', A)."""
+        steps = math.pi * torch.tanh(angles.double())[:, :, None] * dt.double()[..., None]
         total = steps.sum(1) if theta is None else steps.sum(1) + theta.double()
         theta = torch.remainder(total, 2 * math.pi).float()
-        K = arguments["K"][:, -1].float()
-        if not self.is_mimo:
-            K, bias = K[:, None], arguments["K_bias"][:, None]
-        else:
-            bias = arguments["K_bias"]
-        keys = K.repeat_interleave(self.nheads // self.ngroups, dim=-2) + bias.float().transpose(
-            0, 1
-        )
+        bias = self.B_bias if self.is_mimo else self.B_bias[:, :1]
+        heads = keys.float().repeat_interleave(self.nheads // self.ngroups, dim=-2)
+        keys = heads + bias.float().transpose(0, 1)
         pairs = "halves" if self.is_mimo else "pairwise"
-        return theta, rotate(keys, theta[:, None], pairs), arguments["V"][:, -1]
+        return theta, rotate(keys, theta[:, None], pairs), values
 
     def state_size(self, sequence_length: int) -> int:
         """Floats carried between tokens: h, the angles, the last keys and values."""

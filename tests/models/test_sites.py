@@ -64,7 +64,7 @@ EXPECTED_SITES = {
     "gated_deltanet": [f"{n}_conv_{e}" for n in "qkv" for e in ("input", "output")] + ["state"],
     "gated_deltanet_noconv": ["state"],
     "rwkv7": ["shift_input", "r", "w", "k", "v", "a", "g", "state"],
-    "mamba3": ["in_proj_output", "state"],
+    "mamba3": ["in_proj_output", "x", "B", "C", "z", "state"],
 }
 
 
