@@ -172,7 +172,10 @@ def correction(q, k, v, c_next) -> torch.Tensor:
     """c_{t+1} W_t q_{t,r} (B, L, R, H, P): what y_{t,r} = h'_t q_{t,r} holds beyond h_t q."""
     if q.shape[2] == 1:  # SISO: one product per step and head
         return (c_next[:, :, None] * (q * k).sum(-1))[..., None] * v
-    return c_next[:, :, None, :, None] * torch.einsum("blrhn,blshn,blshp->blrhp", q, k, v)
+    heads = lambda t: t.permute(0, 3, 1, 2, 4)  # (B, H, L', R, .)  # noqa: E731
+    qk = heads(q) @ heads(k).transpose(-1, -2)  # (B, H, L', R, R): a step's own ranks
+    corrected = (qk @ heads(v)).permute(0, 2, 3, 1, 4)  # (B, L', R, H, P)
+    return c_next[:, :, None, :, None] * corrected
 
 
 def state_correction(k, v, c_next) -> torch.Tensor:
