@@ -275,6 +275,7 @@ def test_compiles_fullgraph_with_backward():
                                backend="torch")  # fmt: skip
             return o.flatten(2)
 
+    torch.manual_seed(0)
     model, x = Mixer(), torch.randn(2, 9, 16)
     eager = model(x)
     eager.square().sum().backward()
@@ -282,8 +283,9 @@ def test_compiles_fullgraph_with_backward():
     model.zero_grad()
     compiled = torch.compile(model, fullgraph=True)(x)
     compiled.square().sum().backward()
-    torch.testing.assert_close(compiled, eager)
-    torch.testing.assert_close(model.proj.weight.grad, expected)
+    # Inductor fuses the elementwise parts around the op: float32 rounding apart, the same.
+    assert_close(compiled, eager, torch.float32, "o")
+    assert_close(model.proj.weight.grad, expected, torch.float32, "d proj.weight")
 
 
 def _valid_args() -> dict:

@@ -136,8 +136,9 @@ def _ref_mimo(args, divisor, fused=False, weight=None):
 def test_mimo_matches_reference(device, backend, divisor, fused):
     device = device if backend == "triton" else torch.device("cpu")
     args = [t.to(device) for t in _mimo(2, 21, 3, 2, 8, 6, divisor, seed=divisor)]
-    weight = torch.randn(2, 6).to(device) if fused else None
-    cot = [torch.randn(2, 21, 2, 6).to(device)]
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(2, 6, generator=gen).to(device) if fused else None
+    cot = [torch.randn(2, 21, 2, 6, generator=gen).to(device)]
 
     def ours(x):
         return (mamba3_mimo(*x, 8, divisor, torch.float32, False, None, fused, weight,
