@@ -11,7 +11,7 @@ from mecheval.pipeline import load_run_config
 from mecheval.sweep import expand_sweep, load_sweep
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-GRID_SIZES = {"study_ar_d64.yaml": 7 * 7, "study_scale.yaml": 55}
+GRID_SIZES = {"study_ar_d64.yaml": 7 * 7, "study_scale.yaml": 55, "frontier_scale.yaml": 6}
 RUN_CONFIGS = ("study_ar_run.yaml", "quickstart.yaml", "findings.yaml")
 
 
@@ -49,6 +49,21 @@ def test_findings_config_runs_the_study_settings_the_quickstart_lacks():
     assert ar == {"h3", "hyena", "attention"} and atr == {"attention", "based", "mamba_noconv"}
     assert all(r.config.task.options == {} for r in runs if r.config.task.name == "ar")
     assert {r.config.total_steps for r in runs} == {50_016, 30_000}
+
+
+def test_frontier_scale_runs_the_new_mixers_on_the_study_scale_recipe():
+    runs = load_sweep(CONFIGS / "frontier_scale.yaml")
+    study = load_sweep(CONFIGS / "study_scale.yaml")[0].config
+    points = {(r.config.model.arch, r.config.optim.lr, r.config.seed) for r in runs}
+    assert {(a, lr, 42) for a in ("rwkv7", "mamba3") for lr in (1e-3, 3e-3, 1e-2)} <= points
+    for r in runs:
+        c = r.config
+        assert (c.task, c.total_steps, c.threads, c.model.d_model) == (
+            study.task,
+            study.total_steps,
+            study.threads,
+            study.model.d_model,
+        )
 
 
 def test_study_scale_runs_every_findings_models_at_the_studys_scale_on_one_thread():
