@@ -11,6 +11,7 @@ machine without CUDA it runs the same stages on CPU (a dry run of the script its
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -71,7 +72,9 @@ LOG: Path | None = None  # every pytest stage's output is appended here (set in 
 def import_paths() -> list[str]:
     """The checkout, and a folder where the kernel library imports by its installed name
     (`mecheval_kernels`, folder kernels/), for a machine where mecheval is not installed."""
-    links = Path(os.environ.get("TMPDIR", "/tmp")) / "mecheval-import"
+    # One folder per checkout: a link left by another checkout would import its kernels.
+    tag = hashlib.sha1(str(REPO).encode()).hexdigest()[:10]
+    links = Path(os.environ.get("TMPDIR", "/tmp")) / f"mecheval-import-{tag}"
     links.mkdir(exist_ok=True)
     link = links / "mecheval_kernels"
     if not link.exists():
@@ -182,6 +185,8 @@ BENCHMARK_STAGES = [
             "benchmarks/bench_delta_rule.py",
             "benchmarks/bench_gated_delta_rule.py",
             "benchmarks/bench_mamba2.py",
+            "benchmarks/bench_dplr_delta_rule.py",
+            "benchmarks/bench_mamba3.py",
         ],
         0.45,
     ),

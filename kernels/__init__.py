@@ -7,7 +7,11 @@
     chunk_kda               drop-in for fla.ops.kda.chunk_kda (a decay per key channel)
     chunk_gated_delta_product  drop-in for fla.ops.gated_delta_product's (n steps a token)
     chunk_comba             drop-in for fla.ops.comba.chunk_comba (a recall key p)
+    chunk_dplr_delta_rule   drop-in for fla.ops.generalized_delta_rule.chunk_dplr_delta_rule
+    chunk_rwkv7             drop-in for fla.ops.rwkv7.chunk_rwkv7
     mamba2_scan             drop-in for mamba_ssm's mamba_chunk_scan_combined (Mamba-2's scan)
+    mamba3_siso_combined    drop-in for mamba_ssm's mamba3_siso_combined (Mamba-3's scan)
+    mamba3_mimo             drop-in for mamba_ssm's mamba3_mimo (Mamba-3's MIMO scan)
 
 and, beyond the peers, any of the four scans at positions (the states after given positions,
 the output at one position per row, a state patched inside the scan), returning one `ScanAt`
@@ -41,10 +45,13 @@ else:
     from mecheval_kernels.backend import get_backend, set_backend, use_backend
     from mecheval_kernels.comba import chunk_comba
     from mecheval_kernels.delta_rule import chunk_delta_rule
+    from mecheval_kernels.dplr import chunk_dplr_delta_rule
     from mecheval_kernels.gated_delta_product import chunk_gated_delta_product
     from mecheval_kernels.gated_delta_rule import chunk_gated_delta_rule
     from mecheval_kernels.kda import chunk_kda
+    from mecheval_kernels.mamba3 import mamba3_mimo, mamba3_siso_combined
     from mecheval_kernels.positions import at_positions
+    from mecheval_kernels.rwkv7 import chunk_rwkv7
     from mecheval_kernels.scan_at import ScanAt
     from mecheval_kernels.selective_scan import selective_scan_fn
     from mecheval_kernels.short_conv import causal_conv1d_fn
@@ -59,8 +66,12 @@ __all__ = [
     "chunk_gated_delta_product",
     "chunk_gated_delta_rule",
     "chunk_kda",
+    "chunk_dplr_delta_rule",
+    "chunk_rwkv7",
     "get_backend",
     "mamba2_scan",
+    "mamba3_mimo",
+    "mamba3_siso_combined",
     "selective_scan_fn",
     "set_backend",
     "use_backend",

@@ -9,7 +9,7 @@ kernel over one block's shared-memory limit would fail to launch on the GPU, and
 must not use wgmma (see Specialisation.allow_wgmma) fails the check if it does.
 
     python -m mecheval_kernels.compile_check [--ops short_conv selective_scan delta_rule
-    gated_delta_rule kda comba]
+    gated_delta_rule kda comba dplr_delta_rule mamba3]
 
 Run with TRITON_INTERPRET unset (under the interpreter `triton.jit` builds no compilable
 kernel). Exits non-zero if anything fails to compile or exceeds the limit.
@@ -34,7 +34,7 @@ SM90_MAX_SHARED = 232448
 TRITON_DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 # Each op's host-code module and the arguments of its `hopper_specialisations` (the gated delta
 # rule's, KDA's and Comba's kernels are the delta rule's, with their flags on; Gated DeltaProduct
-# runs the gated delta rule's).
+# runs the gated delta rule's; RWKV-7's are the DPLR delta rule's).
 SPECIALISATIONS = {
     "short_conv": ("mecheval_kernels.short_conv.launch", {}),
     "selective_scan": ("mecheval_kernels.selective_scan.launch", {}),
@@ -42,6 +42,8 @@ SPECIALISATIONS = {
     "gated_delta_rule": ("mecheval_kernels.delta_rule.launch", {"gated": True}),
     "kda": ("mecheval_kernels.delta_rule.launch", {"per_key": True}),
     "comba": ("mecheval_kernels.delta_rule.launch", {"gated": True, "recall_key": True}),
+    "dplr_delta_rule": ("mecheval_kernels.dplr.launch", {}),
+    "mamba3": ("mecheval_kernels.mamba3.launch", {}),
 }
 OPS = tuple(SPECIALISATIONS)
 

@@ -13,6 +13,10 @@ from a scan beyond the drop-in itself, from one call that returns `ScanAt` whate
     mecheval_kernels.chunk_kda                KDA (a decay per key channel)
     mecheval_kernels.chunk_gated_delta_product   Gated DeltaProduct (positions are tokens)
     mecheval_kernels.chunk_comba              Comba (a recall key p)
+    mecheval_kernels.chunk_dplr_delta_rule    the DPLR delta rule (fla's generalised one)
+    mecheval_kernels.chunk_rwkv7              RWKV-7's state update (the same, RWKV-7's names)
+    mecheval_kernels.mamba3_siso_combined     Mamba-3's scan (SISO)
+    mecheval_kernels.mamba3_mimo              Mamba-3's scan (MIMO)
 
 and `*args, **kwargs` are its own arguments, as it takes them (`backend` included). Beyond them:
 
@@ -35,7 +39,8 @@ anything but their defaults, as the drop-ins refuse them.
 Gradients flow to every tensor input and to the patch values. A patch is exact: each scan is
 affine in its state (mecheval_kernels.scan_at.patch_by_jump). What runs where: each op's at.py
 (mecheval_kernels.selective_scan.at, mecheval_kernels.ssd.at, mecheval_kernels.delta_rule.at, the
-last for both delta rules).
+last for both delta rules, mecheval_kernels.dplr.at for the DPLR delta rule and RWKV-7,
+mecheval_kernels.mamba3.at for Mamba-3's, whose state is the SSM state h alone).
 """
 
 from __future__ import annotations
@@ -50,10 +55,17 @@ import torch
 from mecheval_kernels.comba.op import COMBA, arguments_of, chunk_comba
 from mecheval_kernels.delta_rule.at import at_positions_of_delta_rule
 from mecheval_kernels.delta_rule.op import DELTA_RULE, chunk_delta_rule
+from mecheval_kernels.dplr.at import at_positions_of_dplr
+from mecheval_kernels.dplr.op import DPLR, chunk_dplr_delta_rule
 from mecheval_kernels.gated_delta_product.at import at_positions_of_gated_delta_product
 from mecheval_kernels.gated_delta_product.op import chunk_gated_delta_product
 from mecheval_kernels.gated_delta_rule.op import GATED_DELTA_RULE, chunk_gated_delta_rule
 from mecheval_kernels.kda.op import KDA, chunk_kda
+from mecheval_kernels.mamba3.at import at_positions_of_mamba3
+from mecheval_kernels.mamba3.op import mamba3_mimo, mamba3_siso_combined
+from mecheval_kernels.rwkv7.op import NAMES as RWKV7_NAMES
+from mecheval_kernels.rwkv7.op import OP as RWKV7
+from mecheval_kernels.rwkv7.op import chunk_rwkv7
 from mecheval_kernels.scan_at import Asked, ScanAt
 from mecheval_kernels.selective_scan.at import at_positions_of_selective_scan
 from mecheval_kernels.selective_scan.op import selective_scan_fn
@@ -103,6 +115,19 @@ IMPLEMENTATIONS: dict[Callable, Implementation] = {
         "output_final_state",
         {},
     ),
+    # Packed sequences and fla's kernel hints are checked as the drop-ins check them.
+    chunk_dplr_delta_rule: Implementation(
+        functools.partial(at_positions_of_dplr, DPLR, {}), "output_final_state", {}
+    ),
+    chunk_rwkv7: Implementation(
+        functools.partial(at_positions_of_dplr, RWKV7, RWKV7_NAMES), "output_final_state", {}
+    ),
+    mamba3_siso_combined: Implementation(
+        functools.partial(at_positions_of_mamba3, "siso"), "return_final_states", {}
+    ),
+    mamba3_mimo: Implementation(
+        functools.partial(at_positions_of_mamba3, "mimo"), "return_state", {}
+    ),
 }
 
 
@@ -119,9 +144,8 @@ def at_positions(
     """`scan`, one of the recurrent drop-ins, at positions (see the module docstring).
 
     Args:
-        scan: mecheval_kernels.selective_scan_fn, mecheval_kernels.mamba2_scan,
-        mecheval_kernels.chunk_delta_rule or
-            mecheval_kernels.chunk_gated_delta_rule.
+        scan: one of the drop-ins of the module docstring (mecheval_kernels.selective_scan_fn,
+            mecheval_kernels.mamba2_scan, mecheval_kernels.chunk_delta_rule, ...).
         *args, **kwargs: `scan`'s own arguments, as it takes them (`backend` included).
         states_at: optional (B, P) integer positions; `states` is then (B, P, *state).
         out_at: optional (B,) integer positions; `out` then has a time axis of length 1.
@@ -131,10 +155,11 @@ def at_positions(
     Returns:
         ScanAt(out, final_state or None, states or None). The state is (B, D, N) float32 for
         the selective scan, (B, H, P, N) float32 for Mamba-2's, (B, H, K, V) for the delta
-        rules (float32, float64 for float64 inputs).
+        rules, the DPLR delta rule and RWKV-7, (B, H, P, N) for Mamba-3's SSM state (float32,
+        float64 for float64 inputs).
 
     Raises:
-        TypeError: `scan` is not one of the four, its arguments do not bind, or its own
+        TypeError: `scan` is not one of the drop-ins, its arguments do not bind, or its own
             final-state flag is set.
         ValueError: an argument the scan at positions does not run (packed sequences), or
             a bad input (named).

@@ -256,12 +256,30 @@ def _expand_aliases(data: Mapping, aliases: Mapping[str, str] | None) -> dict:
     return out
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the
+    last silently, dropping the first's settings)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may repeat
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path, what: str = "config file") -> Any:
-    """A YAML file's content; an unreadable file (not UTF-8, bad YAML) raises ConfigError
-    naming it."""
+    """A YAML file's content; an unreadable file (not UTF-8, bad YAML, a key given twice)
+    raises ConfigError naming it."""
     path = Path(path)
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: the {what} is not UTF-8 text ({error})") from None
     except yaml.YAMLError as error:

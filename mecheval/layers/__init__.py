@@ -11,11 +11,13 @@ interventions patch are marked with `Site` / `StateSite` submodules (mecheval.la
     ShortConvolution        fla-style short causal depthwise conv (an nn.Conv1d)
     Mamba                   mamba-ssm's Mamba layer (selective SSM)
     Mamba2                  mamba-ssm's Mamba2 layer (SSD: scalar decay per head)
+    Mamba3                  mamba-ssm's Mamba3 layer (trapezoidal, rotary, SISO or MIMO)
     DeltaNet                fla's DeltaNet layer (delta rule)
     GatedDeltaNet           fla's GatedDeltaNet layer (gated delta rule)
     KDA                     fla's KimiDeltaAttention layer (a decay per key channel)
     GatedDeltaProduct       fla's GatedDeltaProduct layer (n delta-rule steps a token)
     Comba                   fla's Comba layer (a recall key read before the decay)
+    RWKV7                   fla's RWKV7Attention layer (RWKV-7 time mixing: DPLR delta rule)
     CausalSelfAttention     softmax attention
     GroupedQueryAttention   softmax attention with grouped key/value heads and rotary
                             embeddings (pretrained Transformers': GPT-2's, Llama's)
@@ -41,14 +43,17 @@ from mecheval.layers.kda import KDA
 from mecheval.layers.long_conv import ImplicitFilter, ImplicitLongConvolution, long_causal_conv
 from mecheval.layers.mamba import Mamba
 from mecheval.layers.mamba2 import Mamba2
+from mecheval.layers.mamba3 import Mamba3
 from mecheval.layers.mixer import Mixer, MixerError
 from mecheval.layers.mlp import MLP, GatedMLP
 from mecheval.layers.recurrent import RecurrentMixer
+from mecheval.layers.rwkv7 import RWKV7
 from mecheval.layers.short_conv import ShortConvolution
 from mecheval.layers.sites import Site, SitePlan, StateSite
 
 __all__ = [
     "MLP",
+    "RWKV7",
     "H3",
     "BaseConv",
     "BasedLinearAttention",
@@ -65,6 +70,7 @@ __all__ = [
     "KDA",
     "Mamba",
     "Mamba2",
+    "Mamba3",
     "Mixer",
     "MixerError",
     "RecurrentMixer",

@@ -17,6 +17,7 @@ import functools
 from mecheval.layers import (
     H3,
     KDA,
+    RWKV7,
     BaseConv,
     BasedLinearAttention,
     CausalSelfAttention,
@@ -27,6 +28,7 @@ from mecheval.layers import (
     Hyena,
     Mamba,
     Mamba2,
+    Mamba3,
 )
 from mecheval.models.registry import register_mixer
 
@@ -168,6 +170,31 @@ def _mamba(layer, d_model, layer_idx, d_state, d_conv, expand, head_dim=None) ->
     )
 
 
+def mamba3(
+    d_model: int,
+    layer_idx: int,
+    d_state: int = 64,
+    expand: int = 2,
+    head_dim: int = 16,
+    mimo_rank: int = 1,
+) -> Mamba3:
+    """Mamba-3 (mamba-ssm's layer: heavy-tailed A, rotary half of the state) at Mamba-2's study
+    widths (d_state 64, head_dim 16); mimo_rank 1 is SISO, above it MIMO with that rank."""
+    d_inner = _int("expand", expand) * d_model
+    if d_inner % _int("head_dim", head_dim):
+        raise ValueError(f"expand * d_model = {d_inner} must be divisible by head_dim {head_dim}")
+    rank = _int("mimo_rank", mimo_rank)
+    return Mamba3(
+        d_model,
+        d_state=_int("d_state", d_state, 2),
+        expand=expand,
+        headdim=head_dim,
+        is_mimo=rank > 1,
+        mimo_rank=rank,
+        layer_idx=layer_idx,
+    )
+
+
 def deltanet(d_model: int, layer_idx: int, d_conv: int = 4, num_heads: int = 1) -> DeltaNet:
     return _delta_rule(DeltaNet, d_model, layer_idx, _int("d_conv", d_conv, 1, 8), num_heads)
 
@@ -201,6 +228,21 @@ def _delta_rule(layer, d_model, layer_idx, d_conv, num_heads) -> DeltaNet | Gate
     )
 
 
+def rwkv7(d_model: int, layer_idx: int, n_layers: int, num_heads: int = 1) -> RWKV7:
+    """RWKV-7 time mixing with fla's LoRA ranks and RWKV-7's depth-dependent initialisation,
+    every layer without the value residual (a tensor across layers; mecheval.layers.rwkv7),
+    in the standard block (its MLP, not RWKV-7's channel mixing)."""
+    _divides(d_model, "num_heads", _int("num_heads", num_heads))
+    return RWKV7(
+        hidden_size=d_model,
+        head_dim=None,
+        num_heads=num_heads,
+        layer_idx=layer_idx,
+        num_hidden_layers=n_layers,
+        value_residual=False,
+    )
+
+
 register_mixer("attention", attention, position_embeddings=True)
 register_mixer("base_conv", base_conv)
 register_mixer("base_conv_long", base_conv_long)
@@ -212,6 +254,7 @@ register_mixer("mamba", mamba, block="mamba")
 register_mixer("mamba_noconv", mamba_noconv, block="mamba")
 register_mixer("mamba2", mamba2, block="mamba")
 register_mixer("mamba2_noconv", mamba2_noconv, block="mamba")
+register_mixer("mamba3", mamba3, block="mamba")
 register_mixer("deltanet", deltanet)
 register_mixer("deltanet_noconv", deltanet_noconv)
 register_mixer("gated_deltanet", gated_deltanet)
@@ -269,3 +312,4 @@ def _frontier(layer, d_model, layer_idx, d_conv, num_heads, **options):
 register_mixer("kda", kda)
 register_mixer("gated_deltaproduct", gated_deltaproduct)
 register_mixer("comba", comba)
+register_mixer("rwkv7", rwkv7)

@@ -31,9 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from mecheval.config import ConfigError, from_dict, merge, parse_overrides, set_dotted, to_dict
+from mecheval.config import (
+    ConfigError,
+    from_dict,
+    merge,
+    parse_overrides,
+    read_yaml,
+    set_dotted,
+    to_dict,
+)
 from mecheval.train.config import ALIASES, TrainConfig, identity
 
 
@@ -96,7 +102,7 @@ def expand_sweep(spec: dict, overrides: list[str] | tuple[str, ...] = ()) -> lis
 
 
 def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> list[Run]:
-    spec = yaml.safe_load(Path(path).read_text()) or {}
+    spec = read_yaml(path, "sweep file") or {}
     if not isinstance(spec, dict):
         raise ConfigError(f"{path}: a sweep file must hold a mapping")
     return expand_sweep(spec, overrides)

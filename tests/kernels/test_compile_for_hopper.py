@@ -14,7 +14,17 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
-    "op", ["short_conv", "selective_scan", "delta_rule", "gated_delta_rule", "kda", "comba"]
+    "op",
+    [
+        "short_conv",
+        "selective_scan",
+        "delta_rule",
+        "gated_delta_rule",
+        "kda",
+        "comba",
+        "dplr_delta_rule",
+        "mamba3",
+    ],
 )
 def test_kernels_compile_for_hopper(op):
     pytest.importorskip("triton.backends.nvidia.compiler")

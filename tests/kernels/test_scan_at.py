@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 from collections.abc import Callable
 
 import pytest
@@ -26,6 +27,7 @@ from mecheval_kernels import (
 from mecheval_kernels.delta_rule import delta_rule_ref
 from mecheval_kernels.delta_rule import torch_path as delta_torch_path
 from mecheval_kernels.gated_delta_rule import gated_delta_rule_ref
+from mecheval_kernels.positions import IMPLEMENTATIONS
 from mecheval_kernels.selective_scan import selective_scan_ref
 from mecheval_kernels.selective_scan import torch_path as scan_torch_path
 from mecheval_kernels.ssd import mamba2_scan_ref
@@ -324,8 +326,14 @@ def test_bad_arguments_are_refused_by_name(spec):
 
 def test_a_scan_that_is_not_a_drop_in_is_refused_by_type():
     x = SPECS[0].inputs(seed=5)
+    # Every drop-in of the table (mecheval_kernels.positions.IMPLEMENTATIONS), by name.
+    allowed = ", ".join(f"mecheval_kernels.{scan.__name__}" for scan in IMPLEMENTATIONS)
+    assert allowed.startswith(
+        "mecheval_kernels.selective_scan_fn, mecheval_kernels.mamba2_scan, "
+        "mecheval_kernels.chunk_delta_rule, mecheval_kernels.chunk_gated_delta_rule"
+    )
     for scan in (selective_scan_ref, "selective_scan_fn", [selective_scan_fn]):
-        with pytest.raises(TypeError, match=r"scan must be one of (mecheval_kernels\.\w+, )+"):
+        with pytest.raises(TypeError, match=f"scan must be one of {re.escape(allowed)}, got"):
             at_positions(scan, **x)
     with pytest.raises(TypeError) as info:
         at_positions(selective_scan_ref, **x)

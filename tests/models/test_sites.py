@@ -66,6 +66,8 @@ EXPECTED_SITES = {
     "kda": [f"{n}_conv_{e}" for n in "qkv" for e in ("input", "output")] + ["state"],
     "gated_deltaproduct": [f"{n}_conv_{e}" for n in "qkv" for e in ("input", "output")] + ["state"],
     "comba": [f"{n}_conv_{e}" for n in "qkv" for e in ("input", "output")] + ["state"],
+    "rwkv7": ["shift_input", "r", "w", "k", "v", "a", "g", "state"],
+    "mamba3": ["in_proj_output", "x", "B", "C", "z", "state"],
 }
 
 

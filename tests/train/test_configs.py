@@ -11,7 +11,7 @@ from mecheval.pipeline import load_run_config
 from mecheval.sweep import expand_sweep, load_sweep
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-GRID_SIZES = {"study_ar_d64.yaml": 7 * 7, "study_scale.yaml": 55}
+GRID_SIZES = {"study_ar_d64.yaml": 7 * 7, "study_scale.yaml": 55, "frontier_scale.yaml": 15}
 RUN_CONFIGS = ("study_ar_run.yaml", "quickstart.yaml", "findings.yaml")
 
 
@@ -51,6 +51,22 @@ def test_findings_config_runs_the_study_settings_the_quickstart_lacks():
     assert {r.config.total_steps for r in runs} == {50_016, 30_000}
 
 
+def test_frontier_scale_runs_the_new_mixers_on_the_study_scale_recipe():
+    runs = load_sweep(CONFIGS / "frontier_scale.yaml")
+    study = load_sweep(CONFIGS / "study_scale.yaml")[0].config
+    points = {(r.config.model.arch, r.config.optim.lr, r.config.seed) for r in runs}
+    archs = ("kda", "gated_deltaproduct", "comba", "rwkv7", "mamba3")
+    assert {(a, lr, 42) for a in archs for lr in (1e-3, 3e-3, 1e-2)} <= points
+    for r in runs:
+        c = r.config
+        assert (c.task, c.total_steps, c.threads, c.model.d_model) == (
+            study.task,
+            study.total_steps,
+            study.threads,
+            study.model.d_model,
+        )
+
+
 def test_study_scale_runs_every_findings_models_at_the_studys_scale_on_one_thread():
     runs = load_sweep(CONFIGS / "study_scale.yaml")
     assert {r.config.threads for r in runs} == {1}
@@ -87,3 +103,14 @@ def test_study_scale_runs_every_findings_models_at_the_studys_scale_on_one_threa
 def test_ladder_sweeps_load_and_run_one_thread_each(path):
     runs = load_sweep(path)
     assert runs and {r.config.threads for r in runs} == {1}
+
+
+def test_a_key_given_twice_in_a_config_file_is_refused(tmp_path):
+    """YAML keeps the last of two equal keys silently; mecheval's configs refuse them, as a
+    second `include:` dropped a sweep's first rows."""
+    from mecheval.config import ConfigError
+
+    path = tmp_path / "twice.yaml"
+    path.write_text("base: {steps: 2}\ninclude:\n  - {seed: 1}\ninclude:\n  - {seed: 2}\n")
+    with pytest.raises(ConfigError, match="the key 'include' is given twice"):
+        load_sweep(path)
