@@ -80,12 +80,12 @@ class ResumableRetention(Retention):
         q, k, v = self.qkv(x)
         length = x.shape[1]
         o = ((q @ k.transpose(-1, -2)) * self.decay(length)) @ v
-        before = None if resume is None or resume.state is None else resume.state[0]
+        before = None if resume is None or resume.context is None else resume.context[0]
         powers = self.gamma[:, None] ** torch.arange(1, length + 1, device=x.device)  # (H, L)
         if before is not None:  # what the earlier positions wrote, decayed to each position
             o = o + (q @ before) * powers[..., None]
         if resume is not None:
-            resume.state = (self.state_after(k, v, before, powers),)
+            resume.context = (self.state_after(k, v, before, powers),)
         return self.output(o, x)
 
     def state_after(self, k, v, before, powers) -> torch.Tensor:
@@ -119,10 +119,10 @@ class DeclaredRetention(ResumableRetention):
         lag = (at[:, None] - torch.arange(length, device=x.device))[:, None]  # (B, 1, L)
         decay = self.gamma[:, None] ** lag.clamp(min=0) * (lag >= 0)  # (B, H, L)
         o = ((q @ k.transpose(-1, -2)) * decay[:, :, None]) @ v
-        before = None if resume is None or resume.state is None else resume.state[0]
+        before = None if resume is None or resume.context is None else resume.context[0]
         powers = self.gamma[:, None] ** torch.arange(1, length + 1, device=x.device)
         if before is not None:
             o = o + (q @ before) * powers[:, at].T[..., None, None]
         if resume is not None:
-            resume.state = (self.state_after(k, v, before, powers),)
+            resume.context = (self.state_after(k, v, before, powers),)
         return self.output(o, pick(x, at))

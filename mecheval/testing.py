@@ -317,7 +317,7 @@ class _Probe:
         for start, stop in itertools.pairwise([0, *cuts, self.length]):
             out, _ = self.run(self.x[:, start:stop], resume=resume, **kwargs)
             outs.append(out)
-        return torch.cat(outs, 1), resume.state
+        return torch.cat(outs, 1), resume.context
 
     def resumes(self) -> Check:
         if not self.mixer.resumable:
@@ -326,7 +326,7 @@ class _Probe:
         cuts = [1, self.length // 2]
         first = Resume()
         self.run(self.x[:, : cuts[1]], resume=first)
-        context = first.state or ()
+        context = first.context or ()
         for i, t in enumerate(context):
             if t is not None and (t.dim() == 0 or t.shape[0] != self.batch):
                 detail = (
@@ -339,14 +339,16 @@ class _Probe:
             return Check("resumable", False, f"a run cut at {cuts} differs from one run")
         kept = [None if t is None else t.clone() for t in context]
         rows = torch.tensor([self.batch - 1, 0])
-        rest, _ = self.run(self.x[rows, cuts[1] :], resume=Resume(context_rows(first.state, rows)))
+        rest, _ = self.run(
+            self.x[rows, cuts[1] :], resume=Resume(context_rows(first.context, rows))
+        )
         if not self.same(rest, whole[rows, cuts[1] :]):
             return Check("resumable", False, "resuming a selection of the context's rows differs")
-        quiet, _ = self.run(self.x[:, cuts[1] :], resume=Resume(first.state, leave=False))
-        if not _same_context(tuple(kept), first.state, torch.equal):
+        quiet, _ = self.run(self.x[:, cuts[1] :], resume=Resume(first.context, leave=False))
+        if not _same_context(tuple(kept), first.context, torch.equal):
             detail = (
                 "resuming changed the context it resumed from in place (leave a new one in "
-                "resume.state: the grid resumes many runs from one context)"
+                "resume.context: the grid resumes many runs from one context)"
             )
             return Check("resumable", False, detail)
         if not self.same(quiet, whole[:, cuts[1] :]):
@@ -442,7 +444,7 @@ class _Probe:
             resume = Resume()
             self.run(self.x[:, :point], resume=resume)
             ours = self.mixer.context_from(values, point, index)
-            if not _same_context(ours, resume.state, self.same):
+            if not _same_context(ours, resume.context, self.same):
                 detail = f"context_from at {point} differs from what a run of [0, {point}) leaves"
                 return Check("context_sites", False, detail)
         return Check("context_sites", True, f"{', '.join(names)} give the contexts at {points}")
@@ -468,7 +470,7 @@ class _Probe:
             patched, _ = self.run(self.x, patches={site: (at, values)})
             first = Resume()
             self.run(self.x[:, : p + 1], resume=first)
-            context = list(first.state)
+            context = list(first.context)
             context[slot] = values
             resumed, _ = self.run(self.x[:, p + 1 :], resume=Resume(tuple(context)))
             before, after = patched[:, : p + 1], patched[:, p + 1 :]
@@ -487,7 +489,7 @@ class _Probe:
             return None
         first = Resume()
         self.run(self.x[:, : p + 1], resume=first)
-        for i, t in enumerate(first.state or ()):
+        for i, t in enumerate(first.context or ()):
             if t is not None and t.shape == state.shape and self.same(t, state):
                 return i
         return None

@@ -110,7 +110,7 @@ class LastBlock:
             window = torch.cat([values[:, None].to(window.dtype), window[:, 1:]], dim=1)
         resume = Resume(context, leave=True)
         outputs = model.layers[self.layer](window, resume)
-        return outputs, resume.state[-1]
+        return outputs, resume.context[-1]
 
 
 def last_blocks(model, data: dict[str, SiteData], query: torch.Tensor) -> dict[str, LastBlock]:

@@ -16,8 +16,8 @@ the mixer adds its own sites. A site's name is short ("conv_input"), unique with
 
 Declarations:
     resumable       forward(x, resume=None) continues a sequence: given a `Resume`, x holds the
-                    positions after those whose context resume.state holds (None: the sequence
-                    starts here), and the mixer leaves in resume.state the context after x's
+                    positions after those whose context resume.context holds (None: the sequence
+                    starts here), and the mixer leaves in resume.context the context after x's
                     last position (a tuple of tensors with the batch axis first, or None
                     entries; not needed when resume.leave is False). Two calls on [0, p) and
                     [p, L), the second resuming from the first, equal one call on [0, L). The

@@ -17,22 +17,22 @@ class Resume:
     the caller needs no context back, and a mixer may skip forming the costly parts of it
     (DeltaNet's state), leaving None there."""
 
-    state: tuple[torch.Tensor | None, ...] | None = None
+    context: tuple[torch.Tensor | None, ...] | None = None
     leave: bool = True
 
 
 def resumed_from(resume: Resume | None, entries: int) -> tuple:
-    """The context a run continues from: `resume.state`, or `entries` None for a sequence that
+    """The context a run continues from: `resume.context`, or `entries` None for a sequence that
     starts here (no resume, or one without a state)."""
-    if resume is None or resume.state is None:
+    if resume is None or resume.context is None:
         return (None,) * entries
-    return resume.state
+    return resume.context
 
 
 def leave_context(resume: Resume | None, *context: torch.Tensor | None) -> None:
     """Leave `context` in `resume` for the next segment (nothing to do without a resume)."""
     if resume is not None:
-        resume.state = context
+        resume.context = context
 
 
 def context_rows(context: tuple | None, rows: torch.Tensor) -> tuple | None:

@@ -223,7 +223,7 @@ class LanguageModel(nn.Module):
         given = contexts if contexts is not None else [None] * len(blocks)
         resumes = [Resume(c, leave) for c in given]
         logits = self.forward_from(layer_index, residual, positions, resumes, head)
-        return logits, [r.state for r in resumes]
+        return logits, [r.context for r in resumes]
 
     def context_sites(self) -> list[str] | None:
         """The sites whose values in one run give every block's mixer context after any
@@ -304,7 +304,7 @@ class LanguageModel(nn.Module):
                 with torch.no_grad():
                     for block, resume in zip(self.layers, resumes, strict=True):
                         x = block(x, resume)
-                sizes = [0 if r is None else _floats(r.state) for r in resumes]
+                sizes = [0 if r is None else _floats(r.context) for r in resumes]
             self._context_sizes[length] = sizes
         return list(self._context_sizes[length])
 

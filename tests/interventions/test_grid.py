@@ -50,8 +50,10 @@ def test_every_cell_matches_the_per_cell_loop(arch, scale):
     merged = _merge(fast, slow)
     assert set(fast["site"]) == {name.split(".", 2)[2] for name in model.site_names()}
     for column in ("p_original", "p_corrupted", "p_restored", "logit_restored", "kl"):
+        # float32 rounding scales with the values: logits of a sharpened model reach ~10
+        atol = 1e-5 * max(1.0, float(np.abs(merged[f"{column}_loop"]).max()))
         np.testing.assert_allclose(
-            merged[column], merged[f"{column}_loop"], atol=1e-5, rtol=1e-4, err_msg=column
+            merged[column], merged[f"{column}_loop"], atol=atol, rtol=1e-4, err_msg=column
         )
     assert (merged["position_index"] == merged["position_index_loop"]).all()
 

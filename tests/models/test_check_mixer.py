@@ -213,11 +213,11 @@ class BatchSecond(ResumableRetention):
     def forward(self, x, resume=None):
         inner = None
         if resume is not None:
-            state = None if resume.state is None else (resume.state[0].transpose(0, 1),)
+            state = None if resume.context is None else (resume.context[0].transpose(0, 1),)
             inner = Resume(state, resume.leave)
         out = super().forward(x, inner)
         if resume is not None:
-            resume.state = (inner.state[0].transpose(0, 1).contiguous(),)
+            resume.context = (inner.context[0].transpose(0, 1).contiguous(),)
         return out
 
 

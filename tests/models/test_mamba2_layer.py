@@ -141,6 +141,6 @@ def test_mamba2_segments_equal_one_run(use_conv):
         resume = Resume()
         pieces = [layer(x[:, a:b], resume=resume) for a, b in ((0, 1), (1, 6), (6, 13))]
     torch.testing.assert_close(torch.cat(pieces, 1), whole, atol=2e-5, rtol=1e-4)
-    *windows, ssm_state = resume.state  # (the conv's window, if any, then the state)
+    *windows, ssm_state = resume.context  # (the conv's window, if any, then the state)
     assert ssm_state.shape == (2, 4, 8, 8)
     assert [w.shape for w in windows] == ([(2, 16 * 2 + 2 * 2 * 8, 3)] if use_conv else [])

@@ -45,11 +45,11 @@ def test_read_out_at_equals_the_whole_run_there(name):
         first, second, whole_resume = Resume(), Resume(), Resume()
         mixer(x, resume=whole_resume)
         mixer(x[:, :4], resume=first)
-        second.state = first.state
+        second.context = first.context
         late = torch.tensor([0, 3, 6, 5, 2])
         resumed = mixer(x[:, 4:], resume=second, at=late)
         torch.testing.assert_close(resumed, pick(whole, late + 4), atol=2e-5, rtol=1e-4)
-        for got, want in zip(second.state, whole_resume.state, strict=True):
+        for got, want in zip(second.context, whole_resume.context, strict=True):
             if want is not None:
                 torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 

@@ -99,7 +99,7 @@ def test_context_size_counts_the_contexts_floats(arch):
         for block in model.layers:
             resume = Resume()
             block(x, resume)
-            held += sum(t[0].numel() for t in resume.state if t is not None)
+            held += sum(t[0].numel() for t in resume.context if t is not None)
     assert held == model.context_size(7)
 
 
