@@ -36,8 +36,8 @@ from mecheval.evaluation.config import (
 from mecheval.evaluation.documents import EvaluationDocuments, documents_key, documents_of
 from mecheval.evaluation.evaluate import with_run_identity
 from mecheval.interventions.das import DasSettings, das
-from mecheval.interventions.das_data import check_holdout, left_out, site_widths
-from mecheval.interventions.plan import select_sites
+from mecheval.interventions.das_data import check_holdout, left_out
+from mecheval.interventions.plan import select_sites, site_widths
 from mecheval.io import DamagedFileError
 from mecheval.run_folder import files
 from mecheval.run_folder.checkpoints import read_state, weights_sha256
