@@ -161,8 +161,11 @@ class PromptRecall(Task):
         return self._tokenizer.decode(ids[: self.layout.length].tolist())
 
     def replacement_range(self, corruption: str) -> tuple[int, int]:
-        self.corruption(corruption)
-        return 0, self.vocab_size
+        """The ids the fillers of the corruption's role are made of, lowest to highest + 1 (a
+        corruption puts a whole filler in: see `corrupt`)."""
+        role = self.corruption(corruption).role
+        ids = self.layout.key_ids if role == "key" else self.layout.value_ids
+        return int(ids.min()), int(ids.max()) + 1
 
     # ---- documents --------------------------------------------------------------------------
 
