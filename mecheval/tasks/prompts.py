@@ -42,8 +42,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import numpy as np
@@ -92,10 +93,9 @@ class PromptRecall(Task):
     name: ClassVar[str] = "prompts"
     special_tokens: ClassVar[bool] = False  # the ids are the tokenizer's
     roles: ClassVar[tuple[str, ...]] = ("key", "value", "query")
-    corruptions: ClassVar[dict[str, Corruption]] = {
-        "key": Corruption("key"),
-        "value": Corruption("value"),
-    }
+    corruptions: ClassVar[Mapping[str, Corruption]] = MappingProxyType(
+        {"key": Corruption("key"), "value": Corruption("value")}
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
@@ -120,6 +120,10 @@ class PromptRecall(Task):
         return load_tokenizer(self.tokenizer)
 
     @functools.cached_property
+    def _fingerprint(self) -> str:
+        return fingerprint(self._tokenizer)
+
+    @functools.cached_property
     def layout(self) -> Layout:
         """Where the slots lie in the ids (mecheval.tasks.prompt_layout), every filler checked."""
         return Layout.of(self._tokenizer, self)
@@ -129,7 +133,7 @@ class PromptRecall(Task):
         payload = {
             "task": self.name,
             "config": self.data_config(),
-            "tokenizer": fingerprint(self._tokenizer),
+            "tokenizer": self._fingerprint,
             "generator": self.generator_version,
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).digest()

@@ -90,9 +90,11 @@ def test_evaluate_a_checkpoint_then_das_and_report(tmp_path, family, capsys):
     assert cli.main([*das, "--layers", "1", "--positions", "key,query"]) == 0
     searched = pd.read_parquet(out / "das.parquet")
     assert set(searched.arch) == {family} and set(searched.site) == {"block_input"}
+    capsys.readouterr()
     assert cli.main(["report", str(tmp_path / "runs")]) == 0
+    assert "record no code" not in capsys.readouterr().err  # its code status: pretrained
     report = (tmp_path / "runs" / "report" / "report.md").read_text()
-    assert "| hf_x |" in report and task.label() in report
+    assert "| hf_x |" in report and task.label() in report and "| pretrained |" in report
     runs = pd.read_parquet(tmp_path / "runs" / "report" / "run_folders.parquet")
     assert list(runs.status) == ["finished"] and list(runs.evaluated) == [0]
     k_star = pd.read_parquet(tmp_path / "runs" / "report" / "das_k_star.parquet")
