@@ -9,12 +9,15 @@ parity  the largest |logit difference| between ours and theirs per family (trans
         forward; fla's models with their layers' naive recurrences, fla's own needing CUDA).
 memory  the grid's peak resident memory above the loaded model, on a GPT-2-small-sized model
         (d_model 768, 12 layers, 12 heads, vocabulary 50,257, random weights), at two memory
-        budgets, each in a fresh process (a sampling thread reads /proc/self/statm every 2 ms).
+        budgets, each in a fresh process (a sampling thread reads /proc/self/statm every 2 ms);
+        with --split, in the calls of documents_per_call documents `mecheval evaluate --model`
+        makes; the plan's accounting (mecheval.interventions.plan.GridMemory) beside it.
 
 Run: python -m benchmarks.bench_pretrained speed [--families gpt2,mamba] [--sizes tiny,small]
          [--grids named,all] [--json FILE]
      python -m benchmarks.bench_pretrained parity
      python -m benchmarks.bench_pretrained memory [--budgets 128M,1G] [--docs 8] [--length 32]
+         [--split]
      pytest benchmarks/bench_pretrained.py --benchmark-only   (tiny, named: pytest-benchmark)
 """
 
@@ -273,12 +276,19 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def memory_one(budget: int, docs: int, length: int) -> dict:
-    """The grid's peak resident memory above the loaded model, at one budget (this process)."""
+def memory_one(budget: int, docs: int, length: int, split: bool = False) -> dict:
+    """The grid's peak resident memory above the loaded model, at one budget (this process):
+    one interchange_grid call on every document, or (`split`) the calls of as many documents
+    as `documents_per_call` allows, as `mecheval evaluate --model` makes them."""
+    from mecheval.evaluation.pretrained import grids
+    from mecheval.interventions.plan import documents_per_call, plan_grid
+
     hf = random_hf_model("gpt2", d_model=768, n_layers=12, vocab_size=50257, n_head=12)
     model = from_pretrained(hf)
     del hf
     batch, corrupted = random_batch(50257, n=docs, length=length, seed=0)
+    plan = plan_grid(model, batch, corrupted=corrupted, memory_budget=budget)
+    per_call = documents_per_call(model, batch, memory_budget=budget) if split else docs
     base, peak, done = _rss(), [0], threading.Event()
 
     def sample():
@@ -288,19 +298,23 @@ def memory_one(budget: int, docs: int, length: int) -> dict:
 
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
-    seconds, grid = _seconds(
-        lambda: interchange_grid(model, batch, corrupted, memory_budget=budget)
-    )
+    if split:
+        groups = [(list(expand_positions(None, length, batch.roles)), None)]
+        run = lambda: grids(model, batch, corrupted, groups, budget)  # noqa: E731
+    else:
+        run = lambda: interchange_grid(model, batch, corrupted, memory_budget=budget)  # noqa: E731
+    seconds, grid = _seconds(run)
     done.set()
     thread.join()
-    from mecheval.interventions.plan import plan_grid
-
-    plan = plan_grid(model, batch, corrupted=corrupted, memory_budget=budget)
+    mib = {name: value / 2**20 for name, value in vars(plan.memory).items()}
     return {
         "budget_MiB": budget / 2**20,
         "model_MiB": base / 2**20,
         "grid_peak_above_model_MiB": (max(peak[0], _rss()) - base) / 2**20,
+        "documents": docs,
+        "documents_per_call": per_call,
         "chunk_rows": plan.chunk,
+        "plan_MiB (all documents in one call)": {**mib, "floor": plan.memory.floor / 2**20},
         "rows": len(grid),
         "seconds": seconds,
         "params": model.num_params(),
@@ -323,10 +337,13 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=8)
     parser.add_argument("--length", type=int, default=32)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--split", action="store_true", help="memory: in calls of documents_per_call documents"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.what == "memory-one":
-        print(json.dumps(memory_one(_bytes(args.budgets), args.docs, args.length)))
+        print(json.dumps(memory_one(_bytes(args.budgets), args.docs, args.length, args.split)))
         return
     if args.what == "speed":
         rows = []
@@ -346,6 +363,7 @@ def main() -> None:
         for budget in args.budgets.split(","):
             command = [sys.executable, "-m", "benchmarks.bench_pretrained", "memory-one"]
             command += ["--budgets", budget, "--docs", str(args.docs), "--length", str(args.length)]
+            command += ["--split"] if args.split else []
             result = subprocess.run(command, capture_output=True, text=True, check=True)
             rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
             print(json.dumps(rows[-1]))

@@ -10,6 +10,8 @@ everything here can be done from Python too.
     mecheval evaluate RUN_DIR|SWEEP_DIR [--device cpu] [--split dev] [--positions ...]
                       [--corruptions ...] [--seed N] [--memory-budget BYTES]
                       [--step N|latest] [--force] [--allow-code-change]
+    mecheval evaluate --model hf:FOLDER|HUB_ID --task FILE --out DIR [--eval-size N]
+                      [--dtype float32] [the options above but --step]
     mecheval das RUN_DIR|SWEEP_DIR [--sites ...] [--layers ...] [--positions ...] [--dims ...]
                  [--corruptions ...] [--steps N] [--lr X] [--batch-size N] [--holdout X]
                  [--seed N] [--split dev] [--device cpu] [--step N|latest] [--force]
@@ -274,7 +276,10 @@ def _run_options(
     """A subcommand over run or sweep folders that takes one flag per field of the `options`
     dataclass (its default the field's, the rest of its argparse keywords in `flags`)."""
     p = _command(sub, name, help, func)
-    p.add_argument("path", help="a run folder or a sweep folder")
+    # (`mecheval evaluate --model ... --out DIR` names no run folder: _add_pretrained)
+    p.add_argument(
+        "path", nargs="?" if name == "evaluate" else None, help="a run folder or a sweep folder"
+    )
     defaults = options()
     for field in fields(options):
         p.add_argument(
@@ -447,6 +452,56 @@ def _add_run(sub) -> None:
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. workers=4")
 
 
+def _cmd_evaluate_pretrained(args: argparse.Namespace) -> int:
+    from mecheval.evaluation.evaluate import evaluation_summary
+    from mecheval.evaluation.pretrained import evaluate_pretrained
+    from mecheval.run_folder.files import read_result
+
+    if args.path is not None or args.task is None or args.out is None:
+        raise ConfigError("--model takes --task FILE and --out DIR, and no run folder")
+    if getattr(args, "kind", "grid") != "grid":
+        raise ConfigError("--model runs the interchange grid alone (no --kind)")
+    options = {field.name: getattr(args, field.name) for field in fields(EvaluateConfig)}
+    try:
+        table = evaluate_pretrained(
+            args.model, args.task, _folder(Path(args.out)), eval_size=args.eval_size,
+            dtype=args.dtype, force=args.force, **options,
+        )  # fmt: skip
+    except OptionError as error:
+        raise error.renamed(_flag) from None
+    result = read_result(args.out)
+    model = result["config"]["model"]
+    print(
+        f"{args.out}: {args.model} ({model['arch']}, {model['n_layers']} layers, "
+        f"{result['num_params']:,} parameters): dev accuracy {result['dev_accuracy']:.4f}, "
+        f"test accuracy {result['test_accuracy']:.4f}"
+    )
+    print(evaluation_summary(args.out))
+    print(f"evaluated 1 pretrained model: {len(table)} cells x examples")
+    return 0
+
+
+def _evaluate_or_pretrained(args: argparse.Namespace) -> int:
+    """`mecheval evaluate`: of run folders, or, with --model, of a pretrained checkpoint."""
+    if args.model is None:
+        if args.path is None:
+            raise ConfigError("evaluate takes a run or sweep folder (or --model, --task, --out)")
+        return args.evaluate(args)
+    return _cmd_evaluate_pretrained(args)
+
+
+def _add_pretrained(p: argparse.ArgumentParser) -> None:
+    """`mecheval evaluate`'s flags for a pretrained checkpoint (docs/pretrained.md)."""
+    p.set_defaults(evaluate=p.get_default("func"), func=_evaluate_or_pretrained)
+    p.add_argument("--model", help="a pretrained checkpoint: hf:FOLDER or hf:HUB_ID")
+    p.add_argument("--task", help="with --model: a YAML file of the prompts task's options")
+    p.add_argument("--out", help="with --model: the run folder to write")
+    p.add_argument(
+        "--eval-size", type=_count(1), default=None, help="with --model: documents per split"
+    )
+    p.add_argument("--dtype", default="float32", help="with --model: float32, bfloat16, float16")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="mecheval", description="Mechanistic evaluation of sequence models.")
     parser.add_argument(
@@ -455,6 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_train, _add_sweep, _add_data, _add_evaluate, _add_das, _add_report, _add_run):
         add(sub)
+    _add_pretrained(sub.choices["evaluate"])
     return parser
 
 

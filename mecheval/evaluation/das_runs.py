@@ -8,7 +8,9 @@
     read_bases(run_dir)         the learned bases of a run, by `bases_key`
 
 Each run is trained on its task's evaluation documents (those `mecheval evaluate` patches),
-corrupted as the grid corrupts them. Every option is checked against every run before any
+corrupted as the grid corrupts them. A pretrained model's run folder (mecheval.evaluation.
+pretrained) is searched as a trained run is, its checkpoint read and checked when its turn
+comes (before the trained runs). Every option is checked against every run before any
 work: its layers, sites, subspace sizes against the sites' widths, the held-out share against
 its documents, and its architecture's code (mecheval.run_folder.provenance). A run whose
 das.json names the same settings, and its files, is read back, not trained again, so a killed
@@ -33,15 +35,22 @@ from mecheval.evaluation.config import (
     OptionError,
     check_options,
 )
-from mecheval.evaluation.documents import EvaluationDocuments, documents_key, documents_of
+from mecheval.evaluation.documents import (
+    EvaluationDocuments,
+    documents_key,
+    documents_of,
+    evaluation_documents,
+)
 from mecheval.evaluation.evaluate import with_run_identity
+from mecheval.evaluation.pretrained import resolve, with_identity
 from mecheval.interventions.das import DasSettings, das
-from mecheval.interventions.das_data import check_holdout, left_out, site_widths
-from mecheval.interventions.plan import select_sites
+from mecheval.interventions.das_data import check_holdout, left_out
+from mecheval.interventions.plan import select_sites, site_widths
 from mecheval.io import DamagedFileError
 from mecheval.run_folder import files
 from mecheval.run_folder.checkpoints import read_state, weights_sha256
 from mecheval.run_folder.files import DAS, DAS_BASES, DAS_STAMP, RESULT
+from mecheval.run_folder.pretrained import PRETRAINED_CODE, is_pretrained_run
 from mecheval.run_folder.provenance import check_code
 from mecheval.run_folder.status import finished_runs
 from mecheval.run_folder.weights import load_trained_model, run_checkpoint
@@ -137,6 +146,8 @@ def das_all(
     runs = finished_runs(path)
     if not runs:
         raise FileNotFoundError(f"no finished run in {path} (a run folder holds {RESULT})")
+    pretrained = [run for run in runs if is_pretrained_run(run)]  # each checked as it runs
+    runs = [run for run in runs if run not in pretrained]
     configs = [files.read_run_config(run) for run in runs]
     code = check_code(runs, allow_code_change)
     documents = documents_of(configs, evaluation)
@@ -144,7 +155,8 @@ def das_all(
         _plan(run, config, documents[documents_key(config)], checked, code[Path(run)])
         for run, config in zip(runs, configs, strict=True)
     ]
-    tables = [
+    tables = [das_pretrained(run, checked, evaluation, force) for run in pretrained]
+    tables += [
         das_run(plan, checked, force)
         for plan in tqdm(plans, desc="DAS", unit="run", disable=not progress)
     ]
@@ -154,13 +166,19 @@ def das_all(
 def _plan(run: Path, config: TrainConfig, documents, options: DasOptions, code: str) -> _DasPlan:
     """One run's DAS, every option checked against it (OptionError naming the run)."""
     checkpoint, step = run_checkpoint(run, options.step)
-    n_layers = config.model.n_layers
+    with torch.random.fork_rng(devices=[]):  # the model's shape alone: its sites and widths
+        model = build_model_for(config, documents.task).eval()
+    return searched_plan(run, model, documents, options, checkpoint, step, code)
+
+
+def searched_plan(run: Path, model, documents, options: DasOptions, checkpoint, step, code):
+    """The `_DasPlan` of a run whose model (its weights or its shape alone) is `model`, every
+    option checked against it (an OptionError naming the run)."""
+    n_layers = len(model.layers)
     layers = list(range(n_layers)) if options.layers is None else list(options.layers)
     if max(layers) >= n_layers:
         bad = [layer for layer in layers if layer >= n_layers]
         raise OptionError("layers", f"{run.name} has layers 0..{n_layers - 1}, got {bad}")
-    with torch.random.fork_rng(devices=[]):  # the model's shape alone: its sites and widths
-        model = build_model_for(config, documents.task).eval()
     sites = _sites_of(model, options.sites, layers, run)
     refs = select_sites(model, layers, sites)
     widths = site_widths(model, refs, documents.batch.tokens)
@@ -197,10 +215,11 @@ def _sites_of(model, wanted: Sequence[str] | None, layers: list[int], run: Path)
     return list(wanted)
 
 
-def searched_with(plan: _DasPlan, options: DasOptions) -> dict:
+def searched_with(plan: _DasPlan, options: DasOptions, sha256: str | None = None) -> dict:
     """What a stored DAS was computed with, every default as its value: equal settings, equal
-    results."""
-    state = read_state(plan.checkpoint)
+    results (`sha256`: the weights', by default those of the plan's checkpoint)."""
+    if sha256 is None:
+        sha256 = weights_sha256(read_state(plan.checkpoint))
     return {
         "sites": plan.sites,
         "layers": plan.layers,
@@ -209,23 +228,70 @@ def searched_with(plan: _DasPlan, options: DasOptions) -> dict:
         "corruptions": options.corruptions,
         "split": options.split,
         **dataclasses.asdict(settings(options)),
-        "checkpoint": {"step": plan.step, "sha256": weights_sha256(state)},
+        "checkpoint": {"step": plan.step, "sha256": sha256},
     }
+
+
+def _stored(run_dir: Path, wanted: dict, force: bool) -> pd.DataFrame | None:
+    """The run's stored DAS table when its stamp names the settings `wanted` (and its bases
+    match the stamp too), else None."""
+    stamp = files.read_stamp(run_dir, DAS_STAMP)
+    if not force and (run_dir / DAS).exists() and stamp.get("settings") == wanted:
+        try:
+            files.read_tensors(run_dir, DAS_BASES)
+            return files.read_table(run_dir, DAS)
+        except (DamagedFileError, FileNotFoundError):
+            pass  # searched anew
+    return None
+
+
+def _write(plan: _DasPlan, wanted: dict, table: pd.DataFrame, bases: dict) -> None:
+    record = {
+        "settings": wanted,
+        "documents": len(plan.documents.batch),
+        "left_out": plan.left_out,
+        "code": plan.code,
+    }
+    files.write_stamped(plan.run_dir, DAS_STAMP, {DAS: table, DAS_BASES: bases}, record)
 
 
 def das_run(plan: _DasPlan, options: DasOptions, force: bool) -> pd.DataFrame:
     """One run's DAS table, computed or read back where its stamp names the same settings."""
-    run_dir, documents = plan.run_dir, plan.documents
     wanted = searched_with(plan, options)
-    stamp = files.read_stamp(run_dir, DAS_STAMP)
-    if not force and (run_dir / DAS).exists() and stamp.get("settings") == wanted:
-        try:
-            files.read_tensors(run_dir, DAS_BASES)  # the bases must match the stamp too
-            return files.read_table(run_dir, DAS)
-        except (DamagedFileError, FileNotFoundError):
-            pass  # searched anew, below
+    stored = _stored(plan.run_dir, wanted, force)
+    if stored is not None:
+        return stored
     device = options.device
-    model, _, config = load_trained_model(run_dir, device=device, checkpoint=plan.checkpoint)
+    model, _, config = load_trained_model(plan.run_dir, device=device, checkpoint=plan.checkpoint)
+    table, bases = das_tables(model, plan, options)
+    table = with_run_identity(table, plan.run_dir, config, plan.documents, plan.step)
+    _write(plan, wanted, table, bases)
+    return table
+
+
+def das_pretrained(run: Path, options: DasOptions, evaluation, force: bool) -> pd.DataFrame:
+    """DAS on a pretrained model's run folder (mecheval.evaluation.pretrained): its checkpoint
+    read, the options checked against it, then searched unless stored with these settings."""
+    if options.step is not None:
+        raise OptionError("step", "a pretrained checkpoint has no steps to choose from")
+    checkpoint = resolve(run)
+    documents = evaluation_documents(checkpoint.task, checkpoint.run.task.eval_size, evaluation)
+    model = checkpoint.model(options.device)
+    plan = searched_plan(run, model, documents, options, checkpoint.folder, 0, PRETRAINED_CODE)
+    wanted = searched_with(plan, options, checkpoint.sha256)
+    stored = _stored(run, wanted, force)
+    if stored is not None:
+        return stored
+    table, bases = das_tables(model, plan, options)
+    table = with_identity(table, run, checkpoint, model)
+    _write(plan, wanted, table, bases)
+    return table
+
+
+def das_tables(model, plan: _DasPlan, options: DasOptions) -> tuple[pd.DataFrame, dict]:
+    """(DAS's table of the plan's documents on `model`, every corruption and group of
+    positions; the learned bases by `bases_key`)."""
+    documents = plan.documents
     batch = documents.batch.to(options.device)
     frames, bases = [], {}
     for at in options.corruptions:
@@ -249,16 +315,7 @@ def das_run(plan: _DasPlan, options: DasOptions, force: bool) -> pd.DataFrame:
             frame.insert(0, "corruption", at)
             frames.append(frame)
             bases.update({f"{at}/{key}": R for key, R in learned.items()})
-    table = pd.concat(frames, ignore_index=True)
-    table = with_run_identity(table, run_dir, config, documents, plan.step)
-    record = {
-        "settings": wanted,
-        "documents": len(batch),
-        "left_out": plan.left_out,
-        "code": plan.code,
-    }
-    files.write_stamped(run_dir, DAS_STAMP, {DAS: table, DAS_BASES: bases}, record)
-    return table
+    return pd.concat(frames, ignore_index=True), bases
 
 
 def left_out_of(run_dir: str | Path) -> dict[str, list[int]]:

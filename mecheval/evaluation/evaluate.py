@@ -48,11 +48,13 @@ from mecheval.evaluation.documents import (
     documents_of,
 )
 from mecheval.evaluation.over_training import conv_sites, evaluate_over_training
+from mecheval.evaluation.pretrained import evaluate_pretrained_run
 from mecheval.interventions import interchange_grid
 from mecheval.io import DamagedFileError
 from mecheval.run_folder import files
 from mecheval.run_folder.checkpoints import read_state, weights_sha256
 from mecheval.run_folder.files import EXAMPLES, INTERVENTIONS, INTERVENTIONS_STAMP, RESULT
+from mecheval.run_folder.pretrained import is_pretrained_run
 from mecheval.run_folder.provenance import check_code
 from mecheval.run_folder.status import finished_runs
 from mecheval.run_folder.weights import load_trained_model, run_checkpoint
@@ -262,13 +264,16 @@ def evaluate_all(
     """`evaluate_run` on every finished run under `path` (and, with `over_training`, the
     read-outs of every kept checkpoint: mecheval.evaluation.over_training); returns all grids
     concatenated. `options` are EvaluateConfig's fields. Every run's options, architecture's
-    code and checkpoint are checked before the first is evaluated."""
+    code and checkpoint are checked before the first is evaluated. A pretrained model's run
+    folder is evaluated by mecheval.evaluation.pretrained."""
     checked = check_options(EvaluateConfig(**options))
     runs = finished_runs(path)
     if not runs:
         raise FileNotFoundError(f"no finished run in {path} (a run folder holds {RESULT})")
+    pretrained = [run for run in runs if is_pretrained_run(run)]  # evaluation.pretrained's
+    runs = [run for run in runs if run not in pretrained]
     plans = _plans(runs, checked, corruption_options, allow_code_change)
-    tables = []
+    tables = [evaluate_pretrained_run(run, checked, force) for run in pretrained]
     for plan in tqdm(plans, desc="evaluate", unit="run", disable=not progress):
         tables.append(_evaluate(plan, checked, force))
         if over_training:

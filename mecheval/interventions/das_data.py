@@ -14,10 +14,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from mecheval.interventions.engine import METRIC_ROWS, UNSHIFTED, base_run, hidden_at
+from mecheval.interventions.engine import UNSHIFTED, base_run, hidden_at
 from mecheval.interventions.plan import (
     AFTER_MIXER,
     AFTER_MLP_INPUT,
+    METRIC_ROWS,
     SiteRef,
     _resume_points,
     query_reach,
@@ -132,15 +133,6 @@ def left_out(dims, widths: dict[str, int]) -> dict[str, list[int]]:
         raise ValueError(f"dims {nowhere}: larger than every site's width ({shown})")
     dropped = {name: [k for k in dims if k > width] for name, width in widths.items()}
     return {name: ks for name, ks in dropped.items() if ks}
-
-
-def site_widths(model, refs, tokens: torch.Tensor) -> dict[str, int]:
-    """Each site's width (a state's flattened size), from one forward of one document."""
-    at = torch.zeros(1, 1, dtype=torch.long, device=tokens.device)
-    reads = {r.name: (at if r.short == "state" else None) for r in refs}
-    with torch.no_grad(), model.intervene(reads=reads) as record:
-        model.forward_from(0, model.embed(tokens[:1]), head=False)
-    return {r.name: int(np.prod(record[r.name].shape[2:])) for r in refs}
 
 
 def _read(model, refs, where, tokens, base_tokens, needed) -> dict[str, SiteData]:
@@ -279,22 +271,24 @@ def unswapped(model, data: dict[str, SiteData], docs, target) -> pd.DataFrame:
 def answers(model, hidden: torch.Tensor, wanted: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """(correct, p_target) per row of `hidden` (rows, d_model), a head input: whether the top
     answer of the tied head is `wanted` (rows,), and that answer's probability. The logits are
-    formed METRIC_ROWS rows at a time into one buffer, in base 2 (exp2 of the logits times
-    log2(e) is exp of theirs), and within +-UNSHIFTED need no shift in their log-sum-exp (as
-    the interchange grid's metrics: mecheval.interventions.grid)."""
+    formed METRIC_ROWS rows at a time into one buffer, in base 2 (from the head input times
+    log2(e): exp2 of them is exp of theirs; the head is not copied), and within +-UNSHIFTED
+    need no shift in their log-sum-exp (as the interchange grid's metrics:
+    mecheval.interventions.grid)."""
     hidden = hidden.float()
-    weight2 = model.unembedding.float() * math.log2(math.e)
-    bound = float(weight2.norm(dim=1).max())
+    weight = model.unembedding.detach().float()  # the head itself when it is float32
+    bound = float(weight.norm(dim=1).max()) * math.log2(math.e)
     correct = torch.empty(len(hidden), dtype=torch.bool, device=hidden.device)
     log2_p = hidden.new_empty(len(hidden))
-    buffer = hidden.new_empty(min(METRIC_ROWS, len(hidden)), len(weight2))
+    buffer = hidden.new_empty(min(METRIC_ROWS, len(hidden)), len(weight))
     for first in range(0, len(hidden), METRIC_ROWS):
         block = slice(first, first + METRIC_ROWS)
         part = hidden[block]
-        logits2 = torch.mm(part, weight2.T, out=buffer[: len(part)])
+        unshifted = float(part.norm(dim=1).max()) * bound <= UNSHIFTED
+        logits2 = torch.mm(part * math.log2(math.e), weight.T, out=buffer[: len(part)])
         chosen = logits2.gather(1, wanted[block, None])[:, 0]
         correct[block] = logits2.argmax(-1) == wanted[block]
-        if float(part.norm(dim=1).max()) * bound <= UNSHIFTED:
+        if unshifted:
             lse2 = logits2.exp2_().sum(-1).log2()
         else:
             top = logits2.amax(-1, keepdim=True)

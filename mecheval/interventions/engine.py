@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from mecheval.interventions.plan import METRIC_ROWS
 from mecheval.layers.resume import context_rows
 
 _LOG2E = math.log2(math.e)
@@ -33,9 +34,6 @@ def hidden_at(
     )[0]
 
 
-# Rows whose logits are formed at a time: (256, V) stays in cache through the log-sum-exp's
-# passes (20% faster on CPU than 1280 rows at once at the study's vocabulary).
-METRIC_ROWS = 256
 # Base-2 logits whose size stays within this bound need no shift in their log-sum-exp: 2^-100
 # is a normal float32, and 2^100 times a vocabulary of up to 2^27 ids stays below 2^128.
 UNSHIFTED = 100.0
@@ -43,29 +41,32 @@ UNSHIFTED = 100.0
 
 @dataclass(frozen=True)
 class Metrics:
-    """What the metrics need besides a patched run's head input: the tied head in base 2
-    (weight2 = unembedding log2(e), so that exp2 of its logits is exp of the true ones: about
-    2.5x faster on CPU, where the log-sum-exp is a tenth of a grid), and the clean run's
-    distribution at the query as its probabilities times the head (probs_head (n, d_model):
-    <p, logits> = <p W, hidden>, a product over d_model instead of the vocabulary) and
-    neg_entropy (n,) = sum_v p log p."""
+    """What the metrics need besides a patched run's head input: the head (the model's
+    unembedding itself in float32, no copy: the logits are formed in base 2 from the head input
+    times log2(e), so that exp2 of them is exp of the true ones: about 2.5x faster on CPU, where
+    the log-sum-exp is a tenth of a grid), and the clean run's distribution at the query as its
+    probabilities times the head (probs_head (n, d_model): <p, logits> = <p W, hidden>, a
+    product over d_model instead of the vocabulary) and neg_entropy (n,) = sum_v p log p.
+    `rows`: head inputs whose logits are formed at a time (the plan's `metric_rows`)."""
 
-    weight2: torch.Tensor
+    weight: torch.Tensor
     probs_head: torch.Tensor
     neg_entropy: torch.Tensor
-    head_norm2: float  # the largest norm of a row of weight2
+    head_norm2: float  # the largest norm of a row of the head, times log2(e)
+    rows: int = METRIC_ROWS
     # The logits of every block of rows are written into one buffer: a fresh one per call
     # costs page faults on CPU.
     _buffer: list = field(default_factory=list, repr=False)
 
     @staticmethod
-    def of(model, clean_hidden: torch.Tensor) -> Metrics:
-        weight = model.unembedding
-        log_p = F.log_softmax(F.linear(clean_hidden, weight).float(), dim=-1)
+    def of(model, clean_hidden: torch.Tensor, rows: int = METRIC_ROWS) -> Metrics:
+        # A float32 head is used as it is; another dtype's is copied to float32 once (the
+        # metrics' precision), the one copy of the head a grid then holds.
+        weight = model.unembedding.detach().float()
+        log_p = F.log_softmax(F.linear(clean_hidden.float(), weight), dim=-1)
         probs = log_p.exp()
-        weight2 = weight.float() * _LOG2E
-        norm2 = float(weight2.norm(dim=1).max())
-        return Metrics(weight2, probs @ weight.float(), (probs * log_p).sum(-1), norm2)
+        norm2 = float(weight.norm(dim=1).max()) * _LOG2E
+        return Metrics(weight, probs @ weight, (probs * log_p).sum(-1), norm2, max(1, rows))
 
     def __call__(self, hidden: torch.Tensor, answers: torch.Tensor, rows: torch.Tensor | None):
         """(p of the answer, the answer's logit, KL(clean || patched)) per row of `hidden`
@@ -76,14 +77,17 @@ class Metrics:
         """
         hidden = hidden.float()
         lse2, logit2 = hidden.new_empty(len(hidden)), hidden.new_empty(len(hidden))
-        for first in range(0, len(hidden), METRIC_ROWS):
-            block = slice(first, first + METRIC_ROWS)
+        for first in range(0, len(hidden), self.rows):
+            block = slice(first, first + self.rows)
             part = hidden[block]
-            logits2 = torch.mm(part, self.weight2.t(), out=self._logits(len(part)))
+            # |logit2| <= |hidden| |row of the head| log2(e): within +-UNSHIFTED, exp2 of every
+            # logit and their sum stay normal floats, and the log-sum-exp needs no shift.
+            unshifted = float(part.norm(dim=1).max()) * self.head_norm2 <= UNSHIFTED
+            # The head input, not the head, scaled to base 2: (rows, d_model) floats, not a copy
+            # of the (vocabulary, d_model) head.
+            logits2 = torch.mm(part * _LOG2E, self.weight.t(), out=self._logits(len(part)))
             logit2[block] = logits2.gather(1, answers[block, None])[:, 0]
-            # |logit2| <= |hidden| |row of weight2|: within +-UNSHIFTED, exp2 of every logit
-            # and their sum stay normal floats, and the log-sum-exp needs no shift by the max.
-            if float(part.norm(dim=1).max()) * self.head_norm2 <= UNSHIFTED:
+            if unshifted:
                 lse2[block] = logits2.exp2_().sum(-1).log2()
             else:
                 top = logits2.amax(-1, keepdim=True)  # (log2(e) times the logits)
@@ -96,7 +100,7 @@ class Metrics:
 
     def _logits(self, rows: int) -> torch.Tensor:
         if not self._buffer or len(self._buffer[0]) < rows:
-            self._buffer[:] = [self.weight2.new_empty(rows, len(self.weight2))]
+            self._buffer[:] = [self.weight.new_empty(rows, len(self.weight))]
         return self._buffer[0][:rows]
 
 

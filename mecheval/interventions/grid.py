@@ -191,7 +191,7 @@ def run_plan(
         model, model.embed(base_tokens), query, reads, plan.points, plan.needed
     )
 
-    metrics = Metrics.of(model, clean)
+    metrics = Metrics.of(model, clean, plan.metric_rows)
     restored = metrics(clean, answers, None)
     p_original = restored[0]
     corrupt = metrics(corrupt_hidden, answers, None)

@@ -36,6 +36,7 @@ position positions[i]. What a plan prunes and reuses:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pandas as pd
@@ -79,11 +80,35 @@ def select_sites(model, layers=None, sites=None) -> list[SiteRef]:
     return refs
 
 
+# Head inputs whose logits the metrics form at a time (mecheval.interventions.grid.Metrics):
+# (256, V) stays in cache through the log-sum-exp's passes (20% faster on CPU than 1280 rows
+# at once at the study's vocabulary); fewer when a patched forward holds fewer rows.
+METRIC_ROWS = 256
+# One part in this many of the memory budget is left to what the plan does not count: the
+# allocator's slack, the base run's reads that make its contexts, the tables of results (a
+# GPT-2-small-sized grid at 128 MiB peaked 1.5% over it without this: docs/pretrained.md).
+UNCOUNTED = 8
+# Floats one position of one row holds in a forward, in units of d_model: a generous bound on
+# a block's activations (its MLP's hidden layer 4 d, attention's queries, keys and values 3 d,
+# a mixer's expanded inputs 2-4 d, each kept for the next op).
+ACTIVATION_WIDTHS = 32
+
+
 def _bytes_per_row(model, length: int) -> int:
-    """A generous estimate of the memory one stacked row of a patched forward takes (its
-    activations and the mixers' contexts; H3's generating state, 25x larger, is never held)."""
-    d = model.config.d_model
-    return 4 * length * (32 * d + model.context_size(length)) + 8 * model.config.vocab_size
+    """A generous estimate of the memory one stacked row of a patched forward over `length`
+    positions takes: its activations, the mixers' contexts it carries (H3's generating state,
+    25x larger, is never held) and its row of logits in the metrics."""
+    d, vocab = model.config.d_model, model.config.vocab_size
+    return 4 * (length * ACTIVATION_WIDTHS * d + model.context_size(length) + vocab)
+
+
+def site_widths(model, refs, tokens: torch.Tensor) -> dict[str, int]:
+    """Each site's width (a state's flattened size), from one forward of one token."""
+    at = torch.zeros(1, 1, dtype=torch.long, device=tokens.device)
+    reads = {r.name: (at if r.short == "state" else None) for r in refs}
+    with torch.no_grad(), model.intervene(reads=reads) as record:
+        model.forward_from(0, model.embed(tokens[:1, :1]), head=False)
+    return {r.name: int(math.prod(record[r.name].shape[2:])) for r in refs}
 
 
 # A block's sites after its mixer, from which on it acts on each position alone: their cells
@@ -129,6 +154,18 @@ def query_reach(model) -> dict[str, int]:
     last = len(model.layers) - 1
     reach = dict.fromkeys(AFTER_MIXER, 1) | dict(model.layers[last].mixer.readout_sites)
     return {name: reach[name.split(".", 2)[2]] for name in _named(model, last, reach)}
+
+
+def base_reads(refs) -> list[str]:
+    """The base run's sites the grid's patched runs restart from (run_plan reads them at every
+    position): the residual stream entering each site's block, a block's output for the sites
+    after its mixer (their cells restart at the next block), its mixer's output for those
+    after its MLP's input."""
+    shorts = {(r.layer, r.short) for r in refs}
+    names = {f"layers.{i}.block_input" for i, short in shorts if short != "block_output"}
+    names |= {f"layers.{i}.block_output" for i, short in shorts if short in AFTER_MIXER}
+    names |= {f"layers.{i}.mixer_output" for i, short in shorts if short in AFTER_MLP_INPUT}
+    return sorted(names)
 
 
 def reaches_query(ref: SiteRef, positions: torch.Tensor, query: torch.Tensor, reach: dict):
@@ -209,6 +246,71 @@ def _resume_points(model, positions: torch.Tensor, needed: int, n: int, budget: 
 
 
 @dataclass(frozen=True)
+class GridMemory:
+    """What an interchange grid holds in memory, in bytes (generous estimates), beside the
+    chunks of patched rows the plan sizes to fit what is left of the budget.
+
+    Attributes:
+        sources: the clean run's value at every site of the grid at each cell's position, held
+            through the grid (P n rows, each its site's width).
+        base: the base run's reads at every position that patched runs restart from
+            (`base_reads`: n x needed x d_model each), held through the grid.
+        contexts: the base run's mixer contexts at the resume points, and the gathered ones
+            run_plan keeps for its chunks (at most a quarter of the budget): 0 without points.
+        clean_run: the peak of the clean run, before the base run: its reads of every site at
+            every position, its activations, and `sources`.
+        per_row: one stacked row of a patched forward (`_bytes_per_row`).
+    """
+
+    sources: int
+    base: int
+    contexts: int
+    clean_run: int
+    per_row: int
+
+    @property
+    def held(self) -> int:
+        """What every patched forward runs beside: sources, base reads and contexts."""
+        return self.sources + self.base + self.contexts
+
+    @property
+    def floor(self) -> int:
+        """The least peak of the grid, however it is chunked (one row per patched forward):
+        above the budget, the grid cannot keep it with this many documents at once."""
+        return max(self.clean_run, self.held + self.per_row)
+
+
+def _held_memory(
+    model, refs, batch: Batch, labels: int, needed: int, budget: int
+) -> tuple[int, int, int]:
+    """(sources, base, clean_run) bytes of GridMemory for `labels` positions per document."""
+    n, length = batch.tokens.shape
+    widths = site_widths(model, refs, batch.tokens)
+    states = [r.name for r in refs if r.short == "state"]
+    sources = 4 * labels * n * sum(widths.values())
+    base = 4 * n * needed * model.config.d_model * len(base_reads(refs))
+    ordinary = sum(w for name, w in widths.items() if name not in states)
+    clean_run = sources + 4 * n * length * ordinary + n * _bytes_per_row(model, length)
+    # States that would not fit in half the budget at every position are read in a second
+    # pass over the P n stacked documents (grid.py's _sources).
+    if states and 4 * n * length * model.state_size(length) > budget // 2:
+        clean_run += labels * n * _bytes_per_row(model, length)
+    return sources, base, clean_run
+
+
+def documents_per_call(
+    model, batch: Batch, layers=None, sites=None, positions=None, *, memory_budget: int = 1 << 30
+) -> int:
+    """The most documents (rows) of `batch` one `interchange_grid` call of these arguments may
+    take for its floor (`GridMemory.floor`, which grows with the documents) to stay within
+    half of `memory_budget`, leaving the other half to its chunks; at least 1."""
+    plan = plan_grid(model, batch, layers, sites, positions, memory_budget=memory_budget)
+    per_document = max(1, (plan.memory.floor - plan.memory.per_row) // len(batch))
+    room = memory_budget // 2 - plan.memory.per_row
+    return int(min(len(batch), max(1, room // per_document)))
+
+
+@dataclass(frozen=True)
 class SiteCells:
     """The cells of one site: those that run (`live`, indices into the stacked cells), the
     block their patched forwards start at, each live cell's resume point, the cells whose
@@ -236,6 +338,8 @@ class GridPlan:
     chunk: int  # cells per patched forward
     sites: list[SiteCells]
     memory_budget: int
+    memory: GridMemory  # what the grid holds beside its chunks
+    metric_rows: int = METRIC_ROWS  # head inputs whose logits are formed at a time (<= chunk)
 
     def summary(self) -> pd.DataFrame:
         """Per site: cells, cells run, cells copied from another site, the first block run,
@@ -313,9 +417,12 @@ def plan_grid(
     all_positions = torch.cat([where[label] for label in labels])
     example = torch.arange(n, device=device).repeat(len(labels))
     needed = int(query.max()) + 1  # positions after the last query reach no query
+    refs = select_sites(model, layers, sites)
+    sources, base, clean_run = _held_memory(model, refs, batch, len(labels), needed, memory_budget)
     points = []
-    if model.can_resume(0):
-        points = _resume_points(model, all_positions, needed, n, memory_budget)
+    if model.can_resume(0):  # contexts kept at the points within half of what is left
+        left = memory_budget - memory_budget // UNCOUNTED - sources - base
+        points = _resume_points(model, all_positions, needed, n, left)
     reach = query_reach(model)
     identity = same = restores = torch.zeros_like(all_positions, dtype=torch.bool)
     if corrupted is not None:
@@ -326,7 +433,6 @@ def plan_grid(
     local_identity = identity | same
     token_local = set(token_local_sites(model))
     windows = window_local_sites(model) if corrupted is not None else {}
-    refs = select_sites(model, layers, sites)
     runs = {}  # site name -> the cells that change its query's logits
     for ref in refs:
         reaches = reaches_query(ref, all_positions, query[example], reach)
@@ -353,5 +459,12 @@ def plan_grid(
         first = ref.layer + 1 if ref.short in AFTER_MIXER else ref.layer
         copied = copied.nonzero()[:, 0]
         plans.append(SiteCells(ref, first, live, starts, copied, restored, copy_from))
-    chunk = max(1, memory_budget // _bytes_per_row(model, length))
-    return GridPlan(labels, all_positions, example, needed, points, chunk, plans, memory_budget)
+    contexts = sum(4 * n * model.context_size(p) for p in points)
+    contexts += memory_budget // 4 if points else 0  # (run_plan's gathered contexts)
+    memory = GridMemory(sources, base, contexts, clean_run, _bytes_per_row(model, needed))
+    chunk = max(1, (memory_budget - memory_budget // UNCOUNTED - memory.held) // memory.per_row)
+    metric_rows = min(METRIC_ROWS, chunk)
+    return GridPlan(
+        labels, all_positions, example, needed, points, chunk, plans, memory_budget, memory,
+        metric_rows,
+    )  # fmt: skip

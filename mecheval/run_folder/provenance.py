@@ -23,6 +23,7 @@ from mecheval.run_folder.files import (
     read_run_config,
     read_stamp,
 )
+from mecheval.run_folder.pretrained import PRETRAINED_CODE, is_pretrained_run
 
 AS_TRAINED = "as trained"
 CHANGED = "changed"
@@ -58,7 +59,9 @@ def current_code(run_dir: str | Path) -> dict[str, dict]:
 def code_status(run_dir: str | Path) -> tuple[str, str]:
     """(AS_TRAINED, ""), (NOT_RECORDED, "") or (CHANGED, what changed: the part, its sources
     and the sha256 at training and now). A part whose source could not be read (sha256 None,
-    then or now) is not compared."""
+    then or now) is not compared. A pretrained model's run: (PRETRAINED_CODE, "")."""
+    if is_pretrained_run(run_dir):  # converted by today's code at each evaluation
+        return PRETRAINED_CODE, ""
     recorded = read_result(run_dir).get("code")
     if not isinstance(recorded, dict):
         return NOT_RECORDED, ""

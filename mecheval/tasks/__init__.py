@@ -1,6 +1,7 @@
 """Tasks: the contract every task states in code (`Task`, docs/tasks.md), a registry by name or
 import path, and the tasks shipped: the study's associative recall (AR) and associative treecall
-(ATR), zoology's multi-query associative recall (MQAR) and MAD's recall tasks.
+(ATR), zoology's multi-query associative recall (MQAR), MAD's recall tasks, and recall in
+natural language for pretrained models (`prompts`: mecheval.tasks.prompts).
 
 from mecheval.tasks import make_task
 
@@ -19,6 +20,7 @@ from mecheval.tasks.base import DATASET_SEED, DATASET_SIZES, SPLITS, Corruption,
 from mecheval.tasks.batch import IGNORE, POSITION_NAMES, Batch, concat_batches
 from mecheval.tasks.mad import FuzzyRecall, InContextRecall, NoisyRecall
 from mecheval.tasks.mqar import MultiQueryAR
+from mecheval.tasks.prompts import PromptRecall
 from mecheval.tasks.registry import (
     make_task,
     register_task,
@@ -35,6 +37,7 @@ for _task in (
     InContextRecall,
     NoisyRecall,
     FuzzyRecall,
+    PromptRecall,
 ):
     register_task(_task.name, _task)
 
@@ -52,6 +55,7 @@ __all__ = [
     "InContextRecall",
     "MultiQueryAR",
     "NoisyRecall",
+    "PromptRecall",
     "Task",
     "TreeAnnotations",
     "across_grammar_seeds",

@@ -56,7 +56,7 @@ def from_pretrained(
     if not isinstance(source, (str, os.PathLike)):
         return convert(source, max_len=max_len)
     name = str(source).removeprefix("hf:")
-    folder = _folder(name, revision)
+    folder = checkpoint_folder(name, revision)
     config = _config(folder, name)
     check(config, name)
     hf_model = _hf_model(folder, config, name, dtype)
@@ -68,8 +68,11 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1
 
 
-def _folder(name: str, revision: str | None) -> Path:
-    """The local folder of the checkpoint `name`: itself, or its hub download."""
+def checkpoint_folder(source: str | os.PathLike, revision: str | None = None) -> Path:
+    """The local folder of a checkpoint (a folder, or a hub id, an "hf:" prefix allowed):
+    itself, or its download in the hub's cache (downloaded unless it is there), checked to
+    hold config.json and weights (a ValueError says what is missing)."""
+    name = str(source).removeprefix("hf:")
     path = Path(name).expanduser()
     if path.is_file():
         raise ValueError(f"{name} is a file: pass the folder that holds config.json and weights")

@@ -10,6 +10,12 @@ without weights run the pretrained path on.
 every weight off its initial value (norms off one, biases off zero), so that a conversion that
 misplaces a weight shows in the logits. `random_batch` makes recall-shaped documents of random
 tokens: a key and its value somewhere, the key again at the query, the value the answer.
+`word_tokenizer` and `bpe_tokenizer` save tokenizers built here (a word per id; byte-level BPE
+trained on a few sentences) as transformers saves a checkpoint's, for the `prompts` task:
+
+    folder = word_tokenizer("The code of Alice Bob is 12 47 .".split(), tmp_path)
+    random_hf_model("gpt2", vocab_size=len(words) + 1).save_pretrained(folder)
+    # mecheval evaluate --model hf:FOLDER --task prompts.yaml (tokenizer: the folder's)
 """
 
 from __future__ import annotations
@@ -130,3 +136,45 @@ def random_batch(vocab_size: int, n: int = 6, length: int = 16, seed: int = 0):
     shift = torch.randint(1, vocab_size - 1, (n,), generator=g)
     corrupted[rows, key] = (tokens[rows, key] - 1 + shift) % (vocab_size - 1) + 1
     return batch, corrupted
+
+
+def _save_tokenizer(backend, folder, **special: str):
+    """Save a `tokenizers.Tokenizer` in `folder` as transformers does (tokenizer.json,
+    tokenizer_config.json); returns the folder."""
+    from pathlib import Path
+
+    import transformers
+
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, **special)
+    fast.save_pretrained(folder)
+    return Path(folder)
+
+
+def word_tokenizer(words, folder):
+    """A tokenizer of one id per word of `words` (ids 1.. in sorted order, <unk> 0), split at
+    spaces and punctuation, saved in `folder` (returned); its vocabulary: len(set(words)) + 1."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, **{w: i + 1 for i, w in enumerate(sorted(set(words)))}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return _save_tokenizer(backend, folder, unk_token="<unk>")
+
+
+def bpe_tokenizer(sentences, folder, vocab_size: int = 300):
+    """A byte-level BPE tokenizer (as GPT-2's: a leading space joins the word after it) trained
+    on `sentences`, vocabulary at most `vocab_size` (id 0: <|endoftext|>), saved in `folder`
+    (returned)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=1,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    backend.train_from_iterator(list(sentences), trainer=trainer)
+    return _save_tokenizer(backend, folder, eos_token="<|endoftext|>")
