@@ -19,8 +19,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from mecheval.checks import check_int
 from mecheval.tasks import Batch, Corruption, Task
-from mecheval.tasks.base import check_int
 
 
 @dataclass(frozen=True)

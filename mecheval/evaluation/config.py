@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Literal
 
+from mecheval.checks import check_int
 from mecheval.config import ConfigError
 from mecheval.run_folder import LATEST
 
@@ -119,9 +120,10 @@ class OptionError(ConfigError):
 
 
 def _integer(option: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise OptionError(option, f"must be an integer >= {minimum}, got {value!r}")
-    return value
+    try:
+        return check_int(option, value, minimum)
+    except ValueError as error:
+        raise OptionError(option, str(error).removeprefix(f"{option} ")) from None
 
 
 def _names(option: str, values: object, what: str) -> list[str]:

@@ -45,6 +45,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from tqdm.auto import tqdm
 
+from mecheval.checks import check_int
 from mecheval.interventions.das_data import (
     DEFAULT_DIMS,
     Combination,
@@ -84,9 +85,7 @@ class DasSettings:
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"DAS {name} must be an int >= 1, got {value!r}")
+            check_int(f"DAS {name}", getattr(self, name), 1)
         if not self.lr > 0:
             raise ValueError(f"DAS lr must be > 0, got {self.lr!r}")
         if not 0 < self.holdout < 1:

@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from mecheval.checks import check_int
 from mecheval.interventions.engine import hidden_at
 from mecheval.interventions.path import PATH_COLUMNS, _check, _convs, _reads
 from mecheval.interventions.positions import expand_positions, resolve_position
@@ -118,8 +119,7 @@ def edge_attribution(
     logits the receiver; the same rows and columns (p_restored estimated; logit_restored,
     kl and p_sender NaN)."""
     routes, _ = _check(model, layer, sender, routes, None)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    check_int("steps", steps, 1)
     device = next(model.parameters()).device
     batch = batch.to(device)
     base = torch.as_tensor(corrupted, device=device)

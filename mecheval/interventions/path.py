@@ -29,6 +29,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
+from mecheval.checks import check_int
 from mecheval.interventions.engine import Metrics, hidden_at
 from mecheval.interventions.grid import COLUMNS
 from mecheval.interventions.positions import expand_positions, resolve_position
@@ -53,8 +54,7 @@ def routes_of(model, layer: int) -> tuple[str, ...]:
 
 def _check(model, layer: int, sender: str, routes, receiver) -> tuple[tuple[str, ...], str | None]:
     n_layers = len(model.layers)
-    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
-        raise ValueError(f"layer must be in 0..{n_layers - 1}, got {layer!r}")
+    check_int("layer", layer, 0, n_layers - 1)
     if sender not in SENDERS:
         raise ValueError(f"sender must be one of {SENDERS}, got {sender!r}")
     have = routes_of(model, layer)

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import mecheval_kernels
+from mecheval.checks import check_int
 from mecheval.layers.gated_delta_net import GatedRMSNorm
 from mecheval.layers.kda import head_sizes
 from mecheval.layers.qkv_convs import ShortConvQKV
@@ -82,11 +83,7 @@ class GatedDeltaProduct(ShortConvQKV):
         if d_model is not None:
             hidden_size = d_model
         head_v_dim = head_sizes(head_dim, expand_v, num_heads, num_v_heads)
-        if isinstance(num_householder, bool) or not isinstance(num_householder, int):
-            raise ValueError(f"num_householder must be an int >= 1, got {num_householder!r}")
-        if num_householder < 1:
-            raise ValueError(f"num_householder must be an int >= 1, got {num_householder}")
-        n = self.num_householder = num_householder
+        n = self.num_householder = check_int("num_householder", num_householder, 1)
         self.use_output_gate, self.use_forget_gate = use_output_gate, use_forget_gate
         self.use_short_conv, self.conv_size, self.layer_idx = use_short_conv, conv_size, layer_idx
         self.allow_neg_eigval = allow_neg_eigval

@@ -60,6 +60,7 @@ from types import MappingProxyType
 import torch
 from torch import nn
 
+from mecheval.checks import check_int
 from mecheval.layers.sites import Site, StateSite
 
 DECLARATIONS = (
@@ -169,8 +170,10 @@ class Mixer(nn.Module, metaclass=_CheckedAfterInit):
                 raise MixerError(f"{name}.{declaration} must be a mapping site -> int")
             known(declaration, widths, plain)
             for site, n in widths.items():
-                if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                    raise MixerError(f"{name}.{declaration}[{site!r}] must be an int >= 1")
+                try:
+                    check_int(f"{name}.{declaration}[{site!r}]", n, 1)
+                except ValueError as error:
+                    raise MixerError(str(error)) from None
         if self.reach_site is not None:
             known("reach_site", [self.reach_site], plain)
         if self.context_sites is not None:

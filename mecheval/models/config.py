@@ -18,6 +18,7 @@ from dataclasses import KW_ONLY, dataclass, field
 
 import torch
 
+from mecheval.checks import check_int
 from mecheval.models import zoo  # noqa: F401  (registers the zoo's architectures)
 from mecheval.models.registry import Architecture, UserCodeError, architecture, registered
 
@@ -77,7 +78,7 @@ class ModelConfig:
         if self.init not in INIT_SCHEMES:
             raise ValueError(f"unknown init {self.init!r}; expected one of {INIT_SCHEMES}")
         for name in ("vocab_size", "d_model", "n_layers", "max_len", "l_max"):
-            _check_int(name, getattr(self, name), minimum=1)
+            check_int(name, getattr(self, name), 1)
         if self.position_embeddings is not None and not isinstance(self.position_embeddings, bool):
             raise ValueError(
                 f"position_embeddings must be a bool or None, got {self.position_embeddings!r}"
@@ -138,10 +139,3 @@ def _check_buildable(config: ModelConfig, layer_idx: int) -> None:
         pass
     with torch.random.fork_rng(devices=[]):
         config.mixer(layer_idx)
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 
+from mecheval.checks import check_int
 from mecheval.layers import (
     H3,
     KDA,
@@ -33,37 +34,30 @@ from mecheval.layers import (
 from mecheval.models.registry import register_mixer
 
 
-def _int(name: str, value: object, low: int = 1, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, got {value!r}")
-    if value < low or (high is not None and value > high):
-        bounds = f">= {low}" if high is None else f"in {low}..{high}"
-        raise ValueError(f"{name} must be {bounds}, got {value}")
-    return value
-
-
 def _divides(d_model: int, name: str, value: int) -> None:
     if d_model % value:
         raise ValueError(f"d_model {d_model} must be divisible by {name} {value}")
 
 
 def attention(d_model: int, num_heads: int = 1) -> CausalSelfAttention:
-    _divides(d_model, "num_heads", _int("num_heads", num_heads))
+    _divides(d_model, "num_heads", check_int("num_heads", num_heads, 1))
     return CausalSelfAttention(d_model, num_heads=num_heads)
 
 
 def base_conv(
     d_model: int, layer_idx: int, l_max: int, d_conv: int = 3, filter_order: int = 16
 ) -> BaseConv:
-    _int("d_conv", d_conv, 1, 8)
+    check_int("d_conv", d_conv, 1, 8)
     width = d_conv if layer_idx % 2 == 0 else -1
     return BaseConv(
-        d_model, l_max, kernel_size=width, filter_order=_int("filter_order", filter_order)
+        d_model, l_max, kernel_size=width, filter_order=check_int("filter_order", filter_order, 1)
     )
 
 
 def base_conv_long(d_model: int, l_max: int, filter_order: int = 16) -> BaseConv:
-    return BaseConv(d_model, l_max, kernel_size=-1, filter_order=_int("filter_order", filter_order))
+    return BaseConv(
+        d_model, l_max, kernel_size=-1, filter_order=check_int("filter_order", filter_order, 1)
+    )
 
 
 def based(
@@ -74,7 +68,7 @@ def based(
     feature_dim: int = 8,
     num_heads: int = 1,
 ) -> BaseConv | BasedLinearAttention:
-    _int("d_conv", d_conv, 1, 8)
+    check_int("d_conv", d_conv, 1, 8)
     conv = functools.partial(BaseConv, d_model, l_max, kernel_size=d_conv)
     return _based(d_model, layer_idx, feature_dim, num_heads, conv)
 
@@ -94,27 +88,30 @@ def based_long(
 def _based(d_model, layer_idx, feature_dim, num_heads, conv) -> BaseConv | BasedLinearAttention:
     """Layer `layer_idx` of a Based model: the BaseConv `conv()` builds in even layers, Based
     linear attention in odd ones."""
-    _divides(d_model, "num_heads", _int("num_heads", num_heads))
+    _divides(d_model, "num_heads", check_int("num_heads", num_heads, 1))
     if layer_idx % 2 == 0:
         return conv()
     return BasedLinearAttention(
-        d_model, feature_dim=_int("feature_dim", feature_dim), num_heads=num_heads
+        d_model, feature_dim=check_int("feature_dim", feature_dim, 1), num_heads=num_heads
     )
 
 
 def h3(d_model: int, l_max: int, d_state: int | None = None, head_dim: int = 2) -> H3:
     """d_state None: l_max (the study sets H3's state size to its sizing length)."""
-    d_state = l_max if d_state is None else _int("d_state", d_state)
-    _divides(d_model, "head_dim", _int("head_dim", head_dim))
+    d_state = l_max if d_state is None else check_int("d_state", d_state, 1)
+    _divides(d_model, "head_dim", check_int("head_dim", head_dim, 1))
     if d_state < 2:
         raise ValueError(f"h3 needs d_state >= 2, got {d_state}")
     return H3(d_model, d_state=d_state, head_dim=head_dim)
 
 
 def hyena(d_model: int, l_max: int, d_conv: int = 3, filter_order: int = 64) -> Hyena:
-    _int("d_conv", d_conv, 1, 8)
+    check_int("d_conv", d_conv, 1, 8)
     return Hyena(
-        d_model, l_max, filter_order=_int("filter_order", filter_order), short_filter_order=d_conv
+        d_model,
+        l_max,
+        filter_order=check_int("filter_order", filter_order, 1),
+        short_filter_order=d_conv,
     )
 
 
@@ -123,7 +120,7 @@ def mamba(
 ) -> Mamba:
     """d_conv in 1..4: the study's ablation covers 1..4 (and mamba-ssm's CUDA conv stops
     there)."""
-    return _mamba(Mamba, d_model, layer_idx, d_state, _int("d_conv", d_conv, 1, 4), expand)
+    return _mamba(Mamba, d_model, layer_idx, d_state, check_int("d_conv", d_conv, 1, 4), expand)
 
 
 def mamba_noconv(d_model: int, layer_idx: int, d_state: int = 16, expand: int = 2) -> Mamba:
@@ -139,7 +136,7 @@ def mamba2(
     head_dim: int = 16,
 ) -> Mamba2:
     """Mamba-2 at the study's widths (docs/deviations.md: d_state 64, head_dim 16)."""
-    d_conv = _int("d_conv", d_conv, 1, 8)
+    d_conv = check_int("d_conv", d_conv, 1, 8)
     return _mamba(Mamba2, d_model, layer_idx, d_state, d_conv, expand, head_dim)
 
 
@@ -153,17 +150,17 @@ def _mamba(layer, d_model, layer_idx, d_state, d_conv, expand, head_dim=None) ->
     """Mamba, or Mamba-2 with heads of head_dim channels; d_conv None: without the conv."""
     heads = {}
     if layer is Mamba2:
-        d_inner = _int("expand", expand) * d_model
-        if d_inner % _int("head_dim", head_dim):
+        d_inner = check_int("expand", expand, 1) * d_model
+        if d_inner % check_int("head_dim", head_dim, 1):
             raise ValueError(
                 f"expand * d_model = {d_inner} must be divisible by head_dim {head_dim}"
             )
         heads = {"headdim": head_dim}
     return layer(
         d_model,
-        d_state=_int("d_state", d_state),
+        d_state=check_int("d_state", d_state, 1),
         d_conv=d_conv or 4,
-        expand=_int("expand", expand),
+        expand=check_int("expand", expand, 1),
         layer_idx=layer_idx,
         use_conv=d_conv is not None,
         **heads,
@@ -180,13 +177,13 @@ def mamba3(
 ) -> Mamba3:
     """Mamba-3 (mamba-ssm's layer: heavy-tailed A, rotary half of the state) at Mamba-2's study
     widths (d_state 64, head_dim 16); mimo_rank 1 is SISO, above it MIMO with that rank."""
-    d_inner = _int("expand", expand) * d_model
-    if d_inner % _int("head_dim", head_dim):
+    d_inner = check_int("expand", expand, 1) * d_model
+    if d_inner % check_int("head_dim", head_dim, 1):
         raise ValueError(f"expand * d_model = {d_inner} must be divisible by head_dim {head_dim}")
-    rank = _int("mimo_rank", mimo_rank)
+    rank = check_int("mimo_rank", mimo_rank, 1)
     return Mamba3(
         d_model,
-        d_state=_int("d_state", d_state, 2),
+        d_state=check_int("d_state", d_state, 2),
         expand=expand,
         headdim=head_dim,
         is_mimo=rank > 1,
@@ -196,7 +193,7 @@ def mamba3(
 
 
 def deltanet(d_model: int, layer_idx: int, d_conv: int = 4, num_heads: int = 1) -> DeltaNet:
-    return _delta_rule(DeltaNet, d_model, layer_idx, _int("d_conv", d_conv, 1, 8), num_heads)
+    return _delta_rule(DeltaNet, d_model, layer_idx, check_int("d_conv", d_conv, 1, 8), num_heads)
 
 
 def deltanet_noconv(d_model: int, layer_idx: int, num_heads: int = 1) -> DeltaNet:
@@ -206,7 +203,9 @@ def deltanet_noconv(d_model: int, layer_idx: int, num_heads: int = 1) -> DeltaNe
 def gated_deltanet(
     d_model: int, layer_idx: int, d_conv: int = 4, num_heads: int = 1
 ) -> GatedDeltaNet:
-    return _delta_rule(GatedDeltaNet, d_model, layer_idx, _int("d_conv", d_conv, 1, 8), num_heads)
+    return _delta_rule(
+        GatedDeltaNet, d_model, layer_idx, check_int("d_conv", d_conv, 1, 8), num_heads
+    )
 
 
 def gated_deltanet_noconv(d_model: int, layer_idx: int, num_heads: int = 1) -> GatedDeltaNet:
@@ -216,7 +215,7 @@ def gated_deltanet_noconv(d_model: int, layer_idx: int, num_heads: int = 1) -> G
 def _delta_rule(layer, d_model, layer_idx, d_conv, num_heads) -> DeltaNet | GatedDeltaNet:
     """DeltaNet or Gated DeltaNet, d_conv None: without short convs. Gated DeltaNet with one
     value per key dimension (expand_v 1, not fla's 2): DeltaNet's state size."""
-    _divides(d_model, "num_heads", _int("num_heads", num_heads))
+    _divides(d_model, "num_heads", check_int("num_heads", num_heads, 1))
     sizes = {"head_dim": d_model // num_heads, "expand_v": 1.0} if layer is GatedDeltaNet else {}
     return layer(
         d_model=d_model,
@@ -232,7 +231,7 @@ def rwkv7(d_model: int, layer_idx: int, n_layers: int, num_heads: int = 1) -> RW
     """RWKV-7 time mixing with fla's LoRA ranks and RWKV-7's depth-dependent initialisation,
     every layer without the value residual (a tensor across layers; mecheval.layers.rwkv7),
     in the standard block (its MLP, not RWKV-7's channel mixing)."""
-    _divides(d_model, "num_heads", _int("num_heads", num_heads))
+    _divides(d_model, "num_heads", check_int("num_heads", num_heads, 1))
     return RWKV7(
         hidden_size=d_model,
         head_dim=None,
@@ -281,7 +280,7 @@ def gated_deltaproduct(
         raise ValueError(f"allow_neg_eigval must be a bool, got {allow_neg_eigval!r}")
     return _frontier(
         GatedDeltaProduct, d_model, layer_idx, d_conv, num_heads,
-        num_householder=_int("num_householder", num_householder, 1, 8),
+        num_householder=check_int("num_householder", num_householder, 1, 8),
         allow_neg_eigval=allow_neg_eigval,
     )  # fmt: skip
 
@@ -297,13 +296,13 @@ def comba(
 
 
 def _frontier(layer, d_model, layer_idx, d_conv, num_heads, **options):
-    _divides(d_model, "num_heads", _int("num_heads", num_heads))
+    _divides(d_model, "num_heads", check_int("num_heads", num_heads, 1))
     return layer(
         d_model=d_model,
         num_heads=num_heads,
         head_dim=d_model // num_heads,
         expand_v=1.0,
-        conv_size=_int("d_conv", d_conv, 1, 8),
+        conv_size=check_int("d_conv", d_conv, 1, 8),
         layer_idx=layer_idx,
         **options,
     )

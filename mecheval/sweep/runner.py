@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from mecheval.checks import check_int
 from mecheval.config import ConfigError, flatten, from_dict, to_dict
 from mecheval.io import DamagedFileError, atomic_write_parquet
 from mecheval.run_folder import files
@@ -205,10 +206,11 @@ def run_sweep(
     stacks, with `stack`); returns the results table."""
     if executor not in EXECUTORS:
         raise ConfigError(f"executor must be one of {EXECUTORS}, got {executor!r}")
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise ConfigError(f"retries must be an int >= 0, got {retries!r}")
+    try:
+        check_int("workers", workers, 1)
+        check_int("retries", retries, 0)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runs = [Run(r.name, r.config.replace(progress=progress and workers == 1)) for r in runs]

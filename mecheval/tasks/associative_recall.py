@@ -51,7 +51,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from mecheval.tasks.base import Task, check_fraction, check_int
+from mecheval.checks import check_int
+from mecheval.tasks.base import Task, check_fraction
 from mecheval.tasks.batch import Batch, concat_batches
 from mecheval.tasks.holdout import PairHoldout
 

@@ -57,7 +57,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from mecheval.tasks.base import SPLITS, Task, check_fraction, check_int, check_split
+from mecheval.checks import check_int
+from mecheval.tasks.base import SPLITS, Task, check_fraction, check_split
 from mecheval.tasks.batch import Batch
 from mecheval.tasks.grammar import Grammar, GrammarOptions, sample_grammar
 from mecheval.tasks.holdout import PairHoldout

@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from mecheval.checks import check_int
 from mecheval.tasks.batch import POSITION_NAMES, Batch
 from mecheval.tasks.dataset_cache import CACHE_FORMAT, default_cache_dir, load_batch, save_batch
 
@@ -64,16 +65,6 @@ class Corruption:
 
     role: str
     answer_changes: bool = True
-
-
-def check_int(option: str, value: Any, minimum: int, maximum: int | None = None) -> int:
-    """Validate an integer option (bools refused); raises TypeError/ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"option {option!r} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ValueError(f"option {option!r} must be {bound}, got {value}")
-    return int(value)
 
 
 def check_fraction(option: str, value: Any) -> float:

@@ -32,7 +32,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from mecheval.tasks.base import Task, check_fraction, check_int
+from mecheval.checks import check_int
+from mecheval.tasks.base import Task, check_fraction
 from mecheval.tasks.batch import Batch
 
 # A document's recall: (query position, answer id, key span, value span, query span), spans

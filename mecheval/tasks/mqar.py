@@ -27,8 +27,9 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from mecheval.checks import check_int
 from mecheval.tasks.associative_recall import sample_distinct_rows
-from mecheval.tasks.base import Task, check_int
+from mecheval.tasks.base import Task
 from mecheval.tasks.batch import Batch, concat_batches
 
 BLOCK_SIZE = 4096

@@ -50,7 +50,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from mecheval.tasks.base import _FIRST_CORRUPTION_STREAM, Corruption, Task, check_int
+from mecheval.checks import check_int
+from mecheval.tasks.base import _FIRST_CORRUPTION_STREAM, Corruption, Task
 from mecheval.tasks.batch import Batch
 from mecheval.tasks.prompt_layout import (
     Layout,

@@ -205,7 +205,7 @@ def test_pyvenes_rotated_space_intervention_gives_the_same_patched_logits():
 @pytest.mark.parametrize(
     "settings, words",
     [
-        (dict(steps=0), "steps must be an int >= 1"),
+        (dict(steps=0), "steps must be >= 1"),
         (dict(lr=0.0), "lr must be > 0"),
         (dict(holdout=1.0), r"holdout must be in \(0, 1\)"),
         (dict(batch_size=2.5), "batch_size must be an int"),

@@ -55,5 +55,5 @@ def test_one_step_is_the_gradient_at_the_corrupted_run():
 def test_bad_steps_are_refused():
     model = _model("mamba")
     batch = TASK.sample(2, seed=0)
-    with pytest.raises(ValueError, match="steps must be an int >= 1"):
+    with pytest.raises(ValueError, match="steps must be >= 1"):
         edge_attribution(model, batch, TASK.corrupt(batch, "key", seed=0), steps=0)

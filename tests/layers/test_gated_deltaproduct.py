@@ -82,5 +82,5 @@ def test_state_size_counts_every_steps_window():
     layer = GatedDeltaProduct(hidden_size=16, head_dim=8, num_heads=2, expand_v=1.0,
                               num_householder=3)  # fmt: skip
     assert layer.state_size(10) == 2 * 8 * 8 + 3 * (16 + 3 * 16 + 3 * 16)
-    with pytest.raises(ValueError, match="num_householder must be an int >= 1"):
+    with pytest.raises(ValueError, match="num_householder must be >= 1"):
         GatedDeltaProduct(hidden_size=16, head_dim=8, num_heads=2, num_householder=0)

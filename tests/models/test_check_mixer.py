@@ -142,7 +142,7 @@ def test_declarations_that_contradict_the_sites_are_refused_when_built():
     class BadWidth(Plain):
         window_sites = {"inner": 0}
 
-    with pytest.raises(MixerError, match=r"window_sites\['inner'\] must be an int >= 1"):
+    with pytest.raises(MixerError, match=r"window_sites\['inner'\] must be >= 1, got 0"):
         BadWidth(8)
 
 

@@ -59,7 +59,7 @@ def test_the_das_command_and_its_report_section(trained, tmp_path, capsys):
     "flags, words",
     [
         (["--dims", "0,2"], "--dims: expected subspace sizes >= 1"),
-        (["--steps", "0"], "--steps: must be an int >= 1"),
+        (["--steps", "0"], "--steps: must be >= 1"),
         (["--sites", "nope"], "--sites: attention's model has no ['nope']"),
         (["--sites", "block_input,state"], "--sites: attention's model has no ['state']"),
         (["--corruptions", "query"], "--corruptions: 'query' is not a corruption of ar"),

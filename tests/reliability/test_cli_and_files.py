@@ -47,9 +47,9 @@ def test_negative_retries_are_refused(tmp_path, capsys):
     assert "--retries: must be >= 0, got -1" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
     runs = expand_sweep({"base": {"steps": 1}, "grid": {"seed": [1]}})
-    with pytest.raises(ConfigError, match="retries must be an int >= 0, got -1"):
+    with pytest.raises(ConfigError, match="retries must be >= 0, got -1"):
         run_sweep(runs, tmp_path / "out", retries=-1, progress=False)
-    with pytest.raises(ConfigError, match="workers must be an int >= 1, got 0"):
+    with pytest.raises(ConfigError, match="workers must be >= 1, got 0"):
         run_sweep(runs, tmp_path / "out", workers=0, progress=False)
 
 

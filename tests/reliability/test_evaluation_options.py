@@ -44,10 +44,10 @@ PROBES = [
         ["--corruptions", "query"],
         "--corruptions: 'query' is not a corruption of ar: use key and/or value",
     ),
-    (["--seed", "-5"], "--seed: must be an integer >= 0, got -5"),
+    (["--seed", "-5"], "--seed: must be >= 0, got -5"),
     (["--split", "bogus"], "--split: must be dev or test, got 'bogus'"),
     (["--device", "gpu0"], "--device: 'gpu0' is not a device: use auto, cpu, cuda or cuda:N"),
-    (["--memory-budget", "0"], "--memory-budget: must be an integer >= 1, got 0"),
+    (["--memory-budget", "0"], "--memory-budget: must be >= 1, got 0"),
     (["--step", "-3"], "--step: must be a step number >= 0 or 'latest', got -3"),
 ]
 
@@ -87,7 +87,7 @@ def _run_config(tmp_path, evaluate: str):
     [
         ("{positions: [key, nosuch]}", "evaluate.positions: 'nosuch' is not a position of"),
         ("{positions: [value+99]}", "evaluate.positions: 'value+99' lies outside every dev"),
-        ("{seed: -5}", "evaluate.seed: must be an integer >= 0, got -5"),
+        ("{seed: -5}", "evaluate.seed: must be >= 0, got -5"),
     ],
 )
 def test_the_main_job_refuses_a_bad_evaluate_section_before_training(

@@ -48,7 +48,7 @@ def test_unknown_task_and_bad_sampling_arguments():
     task = make_task("ar")
     with pytest.raises(ValueError, match="split"):
         task.sample(4, seed=0, split="valid")
-    with pytest.raises(ValueError, match="'n'"):
+    with pytest.raises(ValueError, match="n must be >= 1"):
         task.sample(0, seed=0)
     with pytest.raises(ValueError, match="seed"):
         task.sample(4, seed=-1)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from mecheval.checks import check_int
 from mecheval.models.language_model import LanguageModel
 
 # The families from_pretrained reads, by the model_type of their checkpoints' config.json.
@@ -49,9 +50,7 @@ class PretrainedConfig:
         if self.family not in FAMILIES:
             raise ValueError(f"unknown family {self.family!r}; known: {', '.join(FAMILIES)}")
         for name in ("vocab_size", "d_model", "n_layers", "max_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            check_int(name, getattr(self, name), 1)
 
     @property
     def arch(self) -> str:

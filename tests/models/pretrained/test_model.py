@@ -41,7 +41,7 @@ def test_config_refuses_bad_fields():
     fields = dict(source="x", vocab_size=5, d_model=4, n_layers=1, max_len=8, tied=True)
     with pytest.raises(ValueError, match="unknown family 'bert'"):
         PretrainedConfig("bert", **fields)
-    with pytest.raises(ValueError, match="d_model must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="d_model must be >= 1, got 0"):
         PretrainedConfig("gpt2", **{**fields, "d_model": 0})
 
 
