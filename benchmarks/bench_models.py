@@ -1,7 +1,7 @@
 """Training-step time of every architecture at the study's shape.
 
 One step = forward, cross-entropy on one answer position per row (the only position the loss
-reads; the tied head runs only there, `model(tokens, positions=query)`), backward and an AdamW
+reads; the tied head runs only there, `model(tokens, at=query)`), backward and an AdamW
 step; batch 32, L = 37, vocab 8195, 2 layers, d_model 64 and 256. On CPU: the
 PyTorch backend in float32. On a GPU: both kernel backends under bf16 autocast, and the Triton
 backend under torch.compile (d_model 256 only, to keep compile time inside a GPU check).
@@ -79,7 +79,7 @@ def test_training_step(benchmark, arch, d_model, impl):
 
     def step():
         with mecheval_kernels.use_backend(backend), autocast, sdpa_only:
-            logits = forward(tokens, positions=query)
+            logits = forward(tokens, at=query)
             loss = F.cross_entropy(logits.float(), answer)
         loss.backward()
         optimizer.step()

@@ -51,7 +51,7 @@ def _one_at_a_time(models):
     def step():
         for model, optimizer in zip(models, optimizers, strict=True):
             optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(model(tokens, positions=query), answers).backward()
+            F.cross_entropy(model(tokens, at=query), answers).backward()
             optimizer.step()
         sync()
 

@@ -167,7 +167,7 @@ def document_records(model, batch) -> pd.DataFrame:
     for start in range(0, len(batch), 256):
         part = batch[start : start + 256]
         width = int(part.lengths.max())
-        logits = model(part.tokens[:, :width], positions=part.positions["query"]).float()
+        logits = model(part.tokens[:, :width], at=part.positions["query"]).float()
         correct.append(logits.argmax(-1) == part.answers)
         p_answer.append(logits.softmax(-1).gather(1, part.answers[:, None])[:, 0])
     model.train(was_training)

@@ -37,10 +37,10 @@ def attribution_patching(
     rows = torch.arange(len(batch), device=device)
 
     with torch.no_grad(), model.intervene(reads=names) as record:
-        clean = model(batch.tokens, positions=query)
+        clean = model(batch.tokens, at=query)
     source = dict(record)
     with torch.enable_grad(), model.intervene(reads=names) as record:
-        logits = model(base, positions=query)
+        logits = model(base, at=query)
         for tensor in record.values():
             tensor.retain_grad()
         p_answer = F.softmax(logits.float(), -1)[rows, answers]

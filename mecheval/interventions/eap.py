@@ -98,7 +98,7 @@ def _estimate(model, layer, route, at, site, sent, corrupt, patched, residual, q
         else:
             edits[output] = frozen_at_p
         with torch.enable_grad(), _replacing(model, edits), model.intervene(patches=patches):
-            logits = model.forward_from(layer, residual, positions=query)
+            logits = model.forward_from(layer, residual, at=query)
             F.softmax(logits.float(), -1)[rows, answers].sum().backward()
         total += sum((leaves[n].grad * carriers[n][1]).flatten(1).sum(1) for n in leaves)
     return total / steps
@@ -130,7 +130,7 @@ def edge_attribution(
     frames = []
     try:
         with torch.no_grad(), model.intervene(reads={site: None}) as record:
-            clean = model(batch.tokens, positions=query)
+            clean = model(batch.tokens, at=query)
         source = record[site]
         entering = f"layers.{layer}.block_input"
         reads = {entering: None, site: None, **_reads(model, layer, routes)}
@@ -139,7 +139,7 @@ def edge_attribution(
             rows = torch.arange(len(batch), device=device)
             state = {f"layers.{layer}.state": at} if "state" in routes else {}
             with torch.no_grad(), model.intervene(reads={**reads, **state}) as corrupt:
-                logits = model(base, positions=query)
+                logits = model(base, at=query)
             residual = corrupt[entering]
             sent = source[rows, at]
             with (

@@ -28,10 +28,8 @@ def hidden_at(
     `residual` (the positions after those `contexts`, one per block run, cover; None: from
     position 0)."""
     if contexts is None:
-        return model.forward_from(layer, residual, positions=query, head="hidden")
-    return model.resume_from(
-        layer, residual, contexts, positions=query, head="hidden", leave=False
-    )[0]
+        return model.forward_from(layer, residual, at=query, head="hidden")
+    return model.resume_from(layer, residual, contexts, at=query, head="hidden", leave=False)[0]
 
 
 # Base-2 logits whose size stays within this bound need no shift in their log-sum-exp: 2^-100
@@ -136,7 +134,7 @@ def base_run(
                 0,
                 embedded[:, start:end],
                 contexts[start],
-                positions=at,
+                at=at,
                 head="hidden" if here.any() else False,
             )
         for name in reads:
@@ -205,16 +203,16 @@ def run_patched(
         for first in range(0, len(bucket), size):
             picked = bucket[first : first + size]
             rows = docs[picked]
-            at, q_at = positions[picked] - start, query[rows] - start
+            patch_at, at = positions[picked] - start, query[rows] - start
             suffix = residual[rows, start:]
             resumed = contexts(start, first_block, rows) if start and contexts else None
             if output:
-                index = (torch.arange(len(picked), device=at.device), at)
+                index = (torch.arange(len(picked), device=at.device), patch_at)
                 patched = suffix.index_put(index, values[picked].to(suffix.dtype))
-                h = hidden_at(model, first_block, patched, q_at, resumed)
+                h = hidden_at(model, first_block, patched, at, resumed)
             else:
-                with model.intervene(patches={site: (at, values[picked])}):
-                    h = hidden_at(model, first_block, suffix, q_at, resumed)
+                with model.intervene(patches={site: (patch_at, values[picked])}):
+                    h = hidden_at(model, first_block, suffix, at, resumed)
             hidden[picked] = h.to(hidden.dtype)
     return hidden
 

@@ -165,7 +165,7 @@ def _sources(model, plan: GridPlan, batch: Batch) -> tuple[dict, torch.Tensor]:
         # One pass over the stacked labels (P n rows), each row reading its one state.
         tokens = batch.tokens.repeat(len(plan.labels), 1)
         with model.intervene(reads={r.name: positions for r in states}) as record:
-            model.forward_from(0, model.embed(tokens), positions=query.repeat(len(plan.labels)))
+            model.forward_from(0, model.embed(tokens), at=query.repeat(len(plan.labels)))
         source.update({r.name: record[r.name] for r in states})
     return source, clean
 

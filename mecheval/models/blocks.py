@@ -60,16 +60,16 @@ class Block(nn.Module):
         self.mixer_output = Site("mixer_output")
 
     def forward(
-        self, residual: torch.Tensor, resume: Resume | None = None, keep: torch.Tensor | None = None
+        self, residual: torch.Tensor, resume: Resume | None = None, at: torch.Tensor | None = None
     ) -> torch.Tensor:
         """residual: (B, L, d_model) -> (B, L, d_model); `resume`: the mixer's context
-        (mecheval.layers.mixer), None for a whole sequence; `keep`: (B,) one position per
+        (mecheval.layers.mixer), None for a whole sequence; `at`: (B,) one position per
         row, the only one whose output is needed (what follows the mixer then runs there alone
         and the block returns (B, 1, d_model); only while the sites after the mixer are idle,
         see `after_mixer_idle`)."""
         residual = self.block_input(residual)
         h = self.mixer_input(getattr(self, self._norm_name)(residual))
-        return self.block_output(self.after_mixer(_mix(self, residual, h, resume, keep)))
+        return self.block_output(self.after_mixer(_mix(self, residual, h, resume, at)))
 
     def after_mixer(self, residual: torch.Tensor) -> torch.Tensor:
         """The residual stream after the mixer's add, through what follows (nothing here)."""
@@ -166,8 +166,8 @@ def _check_mixer(mixer: object) -> None:
         raise MixerError(f"{type(mixer).__name__} has sites named as its block's: {clash}")
 
 
-def _mix(block, residual, h, resume: Resume | None, keep: torch.Tensor | None) -> torch.Tensor:
-    """residual + the mixer's output on h, at `keep` alone (see the blocks' forward); a mixer
+def _mix(block, residual, h, resume: Resume | None, at: torch.Tensor | None) -> torch.Tensor:
+    """residual + the mixer's output on h, at `at` alone (see the blocks' forward); a mixer
     that reads out at positions (mecheval.layers.mixer) is asked for those alone, while
     nobody looks at its output."""
     mixer: Mixer = block.mixer
@@ -175,9 +175,9 @@ def _mix(block, residual, h, resume: Resume | None, keep: torch.Tensor | None) -
     if resume is not None and not mixer.resumable:
         raise ValueError(f"{type(mixer).__name__} is not resumable")
     reads_out = mixer.reads_out_at and not mixer._forward_hooks and block.mixer_output.idle
-    if keep is not None and reads_out:
-        return pick(residual, keep) + block.mixer_output(mixer(h, at=keep, **kwargs))
-    return pick(residual + block.mixer_output(mixer(h, **kwargs)), keep)
+    if at is not None and reads_out:
+        return pick(residual, at) + block.mixer_output(mixer(h, at=at, **kwargs))
+    return pick(residual + block.mixer_output(mixer(h, **kwargs)), at)
 
 
 def _idle(*sites: Site) -> bool:

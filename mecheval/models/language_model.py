@@ -95,7 +95,7 @@ class LanguageModel(nn.Module):
         self,
         layer_index: int,
         residual: torch.Tensor,
-        positions: torch.Tensor | None = None,
+        at: torch.Tensor | None = None,
         resumes: list[Resume] | None = None,
         head: bool | str = True,
         stop: int | None = None,
@@ -105,7 +105,7 @@ class LanguageModel(nn.Module):
         Args:
             layer_index: first block to run, 0..n_layers (n_layers: norm and head only).
             residual: (B, L, d_model), the residual stream entering that block.
-            positions: optional (B,) integer, one position per row: the head then runs only
+            at: optional (B,) integer, one position per row: the head then runs only
                 there (the loss and the interventions read one position; at vocab 8195 the
                 head dominates a small model's step); or (B, P), P positions per row.
             resumes: optional, one `Resume` per block run: each block's mixer continues from
@@ -117,14 +117,14 @@ class LanguageModel(nn.Module):
                 is the logits.
             stop: run blocks layer_index..stop - 1 alone and return the residual stream
                 leaving the last of them (B, L, d_model): no final norm, no head (`head`
-                and `positions` are then ignored).
+                and `at` are then ignored).
 
         Returns:
-            logits (B, L, vocab_size), or (B, vocab_size) at `positions` ((B, P, vocab_size)
+            logits (B, L, vocab_size), or (B, vocab_size) at `at` ((B, P, vocab_size)
             at (B, P) positions); (B, L, d_model) or (B, d_model) for head "hidden"; None
             without head.
         """
-        self._check_run(layer_index, residual, positions, head)
+        self._check_run(layer_index, residual, at, head)
         if stop is not None:
             if not layer_index < stop <= len(self.layers):
                 raise ValueError(
@@ -138,28 +138,28 @@ class LanguageModel(nn.Module):
             raise ValueError(f"resumes must hold one context per block run ({len(blocks)})")
         # Only the rows' positions reach the head: when nobody looks at the sites after the
         # last mixer, the last block's MLP runs at those positions alone.
-        keep = None
+        last_at = None  # where the last block runs its MLP: at one position per row, or all
         last = blocks[-1] if blocks else None
-        if positions is not None and positions.dim() == 1 and last is not None:
-            keep = positions if last.after_mixer_idle() else None
+        if at is not None and at.dim() == 1 and last is not None:
+            last_at = at if last.after_mixer_idle() else None
         if not head and last is not None and last.after_mixer_idle():
-            keep = torch.zeros(residual.shape[0], dtype=torch.long, device=residual.device)
+            last_at = torch.zeros(residual.shape[0], dtype=torch.long, device=residual.device)
         for i, block in enumerate(blocks):
             resume = None if resumes is None else resumes[i]
-            residual = block(residual, resume, keep if i == len(blocks) - 1 else None)
+            residual = block(residual, resume, last_at if i == len(blocks) - 1 else None)
         if not head:
             return None
-        if keep is not None:
+        if last_at is not None:
             hidden = self.norm_f(residual[:, 0])
         else:
             hidden = self.norm_f(residual)
-            if positions is not None:
+            if at is not None:
                 rows = torch.arange(hidden.shape[0], device=hidden.device)
-                rows = rows if positions.dim() == 1 else rows[:, None]
-                hidden = hidden[rows, positions.to(hidden.device)]
+                rows = rows if at.dim() == 1 else rows[:, None]
+                hidden = hidden[rows, at.to(hidden.device)]
         return hidden if head == "hidden" else F.linear(hidden, self.unembedding)
 
-    def _check_run(self, layer_index: int, residual, positions, head) -> None:
+    def _check_run(self, layer_index: int, residual, at, head) -> None:
         """forward_from's arguments, checked (a ValueError names the first one that is off)."""
         if head not in (True, False, "hidden"):
             raise ValueError(f"head must be True, False or 'hidden', got {head!r}")
@@ -174,15 +174,15 @@ class LanguageModel(nn.Module):
             raise ValueError(
                 f"sequence length {residual.shape[1]} exceeds max_len={self.config.max_len}"
             )
-        if positions is not None and (
-            not isinstance(positions, torch.Tensor)
-            or positions.dim() not in (1, 2)
-            or positions.shape[0] != residual.shape[0]
-            or positions.dtype.is_floating_point
+        if at is not None and (
+            not isinstance(at, torch.Tensor)
+            or at.dim() not in (1, 2)
+            or at.shape[0] != residual.shape[0]
+            or at.dtype.is_floating_point
         ):
             raise ValueError(
-                f"positions must have shape ({residual.shape[0]},), one integer position per "
-                f"row, or ({residual.shape[0]}, P), got {positions!r:.80}"
+                f"at must have shape ({residual.shape[0]},), one integer position per "
+                f"row, or ({residual.shape[0]}, P), got {at!r:.80}"
             )
 
     @property
@@ -196,7 +196,7 @@ class LanguageModel(nn.Module):
         layer_index: int,
         residual: torch.Tensor,
         contexts: list[tuple | None] | None = None,
-        positions: torch.Tensor | None = None,
+        at: torch.Tensor | None = None,
         head: bool | str = True,
         leave: bool = True,
     ) -> tuple[torch.Tensor | None, list[tuple]]:
@@ -204,7 +204,7 @@ class LanguageModel(nn.Module):
         engine; mecheval.layers.mixer).
 
         Args:
-            layer_index, residual, positions, head: as in `forward_from`; residual holds the
+            layer_index, residual, at, head: as in `forward_from`; residual holds the
                 positions after those the contexts cover.
             contexts: per block run, the context its mixer left after the earlier positions
                 (None, or a None entry: the sequence starts here).
@@ -222,7 +222,7 @@ class LanguageModel(nn.Module):
         blocks = self.layers[layer_index:]
         given = contexts if contexts is not None else [None] * len(blocks)
         resumes = [Resume(c, leave) for c in given]
-        logits = self.forward_from(layer_index, residual, positions, resumes, head)
+        logits = self.forward_from(layer_index, residual, at, resumes, head)
         return logits, [r.context for r in resumes]
 
     def context_sites(self) -> list[str] | None:
@@ -254,10 +254,10 @@ class LanguageModel(nn.Module):
         from it); a caller reruns from position 0 where not."""
         return all(block.mixer.resumable for block in self.layers[layer_index:])
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
         """tokens: (B, L) integer -> logits (B, L, vocab_size), or (B, vocab_size) at one
-        position per row if `positions` (B,) is given (see forward_from)."""
-        return self.forward_from(0, self.embed(tokens), positions)
+        position per row if `at` (B,) is given (see forward_from)."""
+        return self.forward_from(0, self.embed(tokens), at)
 
     # -- sizes -----------------------------------------------------------------------------
 

@@ -41,19 +41,19 @@ class StackedModels:
         self.template = copy.deepcopy(models[0]).to("meta")
         self.template.train()
 
-    def _one(self, params: dict, buffers: dict, tokens, positions):
+    def _one(self, params: dict, buffers: dict, tokens, at):
         return functional_call(
-            self.template, (params, buffers), (tokens,), {"positions": positions}, tie_weights=True
+            self.template, (params, buffers), (tokens,), {"at": at}, tie_weights=True
         )
 
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def __call__(self, tokens: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
         """Logits (M, B, V) at one position per row, every model on the same (B, L) tokens."""
         run = vmap(self._one, in_dims=(0, 0, None, None))
         with warnings.catch_warnings():
             # CPU attention (SDPA) has no batching rule: vmap loops over the models there, and
             # says so at every call.
             warnings.filterwarnings("ignore", message=_NO_BATCHING_RULE, category=UserWarning)
-            return run(self.params, self.buffers, tokens, positions)
+            return run(self.params, self.buffers, tokens, at)
 
     def train(self, mode: bool = True) -> StackedModels:
         self.template.train(mode)

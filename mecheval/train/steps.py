@@ -25,7 +25,7 @@ Check = Callable[[torch.Tensor], None]
 
 
 def answer_logits(model: Callable, batch: Batch) -> torch.Tensor:
-    """Logits (..., n, V) at each row's query position; `model(tokens, positions)` runs the
+    """Logits (..., n, V) at each row's query position; `model(tokens, at)` runs the
     documents once each (its leading axes, a stack's models, are kept)."""
     query = batch.positions["query"]
     if batch.document is None:

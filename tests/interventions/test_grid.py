@@ -183,7 +183,7 @@ def test_attribution_patching_estimates_and_ranks_cells():
         with model.intervene(reads={"layers.1.block_input": None}) as record:
             model(corrupted)
         a_base = record["layers.1.block_input"].clone().requires_grad_()
-    p = F.softmax(model.forward_from(1, a_base, positions=batch.positions["query"]), -1)
+    p = F.softmax(model.forward_from(1, a_base, at=batch.positions["query"]), -1)
     p[rows, batch.answers].sum().backward()
     key = batch.positions["key"]
     expected = ((a_src - a_base.detach()) * a_base.grad)[rows, key].sum(-1)

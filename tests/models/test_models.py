@@ -173,11 +173,11 @@ def test_logits_at_one_position_per_row(arch):
     tokens = tokens_for(batch=3)
     positions = torch.tensor([0, 4, 7])
     full = model(tokens)
-    at = model(tokens, positions=positions)
+    at = model(tokens, at=positions)
     assert at.shape == (3, V)
     torch.testing.assert_close(at, full[torch.arange(3), positions])
     torch.testing.assert_close(model.forward_from(0, model.embed(tokens), positions), at)
-    with pytest.raises(ValueError, match="positions"):
-        model(tokens, positions=positions[:2])
-    with pytest.raises(ValueError, match="positions"):
-        model(tokens, positions=positions.float())
+    with pytest.raises(ValueError, match="at must have shape"):
+        model(tokens, at=positions[:2])
+    with pytest.raises(ValueError, match="at must have shape"):
+        model(tokens, at=positions.float())

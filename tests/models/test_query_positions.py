@@ -25,7 +25,7 @@ def test_logits_at_positions_equal_the_full_forward(arch):
     rows = torch.arange(5)
     with torch.no_grad():
         full = model(tokens)[rows, positions]
-        at = model(tokens, positions=positions)
+        at = model(tokens, at=positions)
     torch.testing.assert_close(at, full, atol=1e-5, rtol=1e-5)
 
 
@@ -53,16 +53,16 @@ def test_sites_after_the_last_mixer_still_see_every_position():
     mlp_inputs = []
     model.layers[1].mlp.register_forward_hook(lambda m, i, out: mlp_inputs.append(i[0].shape))
     with torch.no_grad():
-        model(tokens, positions=positions)
+        model(tokens, at=positions)
         assert mlp_inputs.pop() == (3, 1, D)
         with model.intervene(reads={"layers.1.block_output": None}) as record:
-            model(tokens, positions=positions)
+            model(tokens, at=positions)
         assert mlp_inputs.pop() == (3, L, D)
         assert record["layers.1.block_output"].shape == (3, L, D)
         seen = []
         site = model.site("layers.1.mlp_output")
         handle = site.register_forward_hook(lambda m, i, out: seen.append(out.shape))
-        model(tokens, positions=positions)
+        model(tokens, at=positions)
         handle.remove()
         assert seen == [(3, L, D)] and mlp_inputs.pop() == (3, L, D)
 

@@ -79,9 +79,9 @@ def test_the_last_block_reads_out_at_the_query_unless_its_output_is_looked_at():
     mixer.forward = lambda *a, **k: calls.append(k.get("at")) or real(*a, **k)
     tokens = torch.randint(0, V, (len(AT), L), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        at = model(tokens, positions=AT)
+        at = model(tokens, at=AT)
         with model.intervene(reads={"layers.1.mixer_output": None}):
-            looked_at = model(tokens, positions=AT)
+            looked_at = model(tokens, at=AT)
         whole = model(tokens)[torch.arange(len(AT)), AT]
     assert calls[0] is not None and calls[1] is None and calls[2] is None
     torch.testing.assert_close(at, whole, atol=1e-5, rtol=1e-5)

@@ -71,7 +71,7 @@ def test_stacked_models_equal_models_trained_alone(arch):
         tokens, query, answers = batch.tokens, batch.positions["query"], batch.answers
         for model, optimizer in zip(alone, optimizers, strict=True):
             optimizer.zero_grad()
-            F.cross_entropy(model(tokens, positions=query), answers).backward()
+            F.cross_entropy(model(tokens, at=query), answers).backward()
             optimizer.step()
         stacked_optimizer.zero_grad()
         logits = stack(tokens, query)

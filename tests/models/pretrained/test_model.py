@@ -22,7 +22,7 @@ def test_segments_and_read_out_equal_one_run(family):
         first, contexts = model.resume_from(0, residual[:, :7])
         second, _ = model.resume_from(0, residual[:, 7:], contexts)
         at = torch.tensor([18, 4, 11])
-        picked = model(tokens, positions=at)
+        picked = model(tokens, at=at)
     assert model.can_resume(0)
     torch.testing.assert_close(torch.cat([first, second], 1), whole, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(picked, whole[torch.arange(3), at], atol=1e-5, rtol=1e-5)
