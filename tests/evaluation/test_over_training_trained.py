@@ -18,6 +18,8 @@ from mecheval.evaluation.over_training import (
 )
 from mecheval.interventions import attrib, readout
 
+pytestmark = pytest.mark.pipeline
+
 IDENTITY = ["run", "arch", "d_model", "n_layers", "lr", "task", "accuracy", "corruption"]
 
 

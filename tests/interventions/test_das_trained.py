@@ -14,6 +14,8 @@ from mecheval import cli
 from mecheval.interventions.das import DasSettings, das
 from mecheval.run_folder.weights import load_trained_model
 
+pytestmark = pytest.mark.pipeline
+
 
 def test_training_finds_the_subspace(trained):
     run, _ = trained

@@ -11,6 +11,8 @@ import pytest
 from mecheval.evaluation.report import with_study_accuracy
 from mecheval.evaluation.study_numbers import study_accuracy
 
+pytestmark = pytest.mark.pipeline
+
 
 @pytest.mark.parametrize(
     ("task", "options", "arch", "d_model", "expected"),

@@ -11,7 +11,9 @@ import torch.nn.functional as F
 
 from mecheval.config import ConfigError
 from mecheval.train.loop import TrainingDiverged, train
-from tests.reliability.helpers import checkpoint_steps, tiny
+from tests.helpers import checkpoint_steps, tiny
+
+pytestmark = pytest.mark.reliability
 
 
 def _nan_loss(monkeypatch, steps, poison_weights=True):

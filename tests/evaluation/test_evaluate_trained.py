@@ -11,6 +11,8 @@ from mecheval.evaluation.report import build_report
 from mecheval.interventions import interchange_grid, per_cell_loop, readout
 from mecheval.run_folder.weights import load_trained_model
 
+pytestmark = pytest.mark.pipeline
+
 
 def test_attention_learns_associative_recall(trained):
     _, result = trained

@@ -14,7 +14,9 @@ from mecheval.io import DamagedFileError
 from mecheval.run_folder.weights import load_trained_model
 from mecheval.sweep import expand_sweep, run_sweep
 from mecheval.train.loop import train
-from tests.reliability.helpers import TINY, tiny
+from tests.helpers import TINY, tiny
+
+pytestmark = pytest.mark.reliability
 
 CONFIG_DAMAGE = {
     "empty": (b"", "empty"),

@@ -9,6 +9,8 @@ import pytest
 
 from mecheval import cli
 
+pytestmark = pytest.mark.pipeline
+
 COMMON = ["task.train_size=64", "task.eval_size=16", "d_model=16", "progress=false",
           "backend=torch", "device=cpu", "steps=4", "eval_every=2"]  # fmt: skip
 TASKS = {

@@ -8,9 +8,12 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from mecheval import cli
-from tests.reliability.helpers import cli_line
+from tests.helpers import cli_line
+
+pytestmark = pytest.mark.pipeline
 
 TASK = "examples.successor:SuccessorRecall"
 SMALL = ["task.options.length=8", "task.options.num_tokens=24", "task.train_size=320"]

@@ -20,7 +20,9 @@ from mecheval.run_folder.checkpoints import (
 )
 from mecheval.run_folder.weights import load_trained_model, run_checkpoint
 from mecheval.train.loop import train
-from tests.reliability.helpers import checkpoint_steps, tiny
+from tests.helpers import checkpoint_steps, tiny
+
+pytestmark = pytest.mark.reliability
 
 NEWEST, OLDER = "step_000000008", "step_000000006"
 

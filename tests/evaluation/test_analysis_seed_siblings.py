@@ -9,6 +9,8 @@ import pytest
 from mecheval.evaluation.analysis import seed_runs, seed_siblings
 from mecheval.evaluation.report import with_seed_spread
 
+pytestmark = pytest.mark.pipeline
+
 
 def test_seed_siblings_share_everything_but_the_seed():
     base = dict(task_label="ar", steps=3000, arch="mamba", d_model=64, n_layers=2, lr=1e-3)

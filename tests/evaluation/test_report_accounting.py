@@ -9,6 +9,7 @@ import json
 import math
 
 import pandas as pd
+import pytest
 import torch.nn.functional as F
 
 from mecheval.config import to_dict
@@ -16,7 +17,9 @@ from mecheval.evaluation.evaluate import evaluate_run
 from mecheval.evaluation.report import build_report
 from mecheval.sweep.runner import run_one
 from mecheval.train.loop import train
-from tests.reliability.helpers import TINY, cli_line, tiny
+from tests.helpers import TINY, cli_line, tiny
+
+pytestmark = pytest.mark.reliability
 
 
 def _nan_loss_from(monkeypatch, first: int) -> None:

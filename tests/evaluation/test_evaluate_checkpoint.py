@@ -14,7 +14,9 @@ import pytest
 from mecheval.evaluation.evaluate import evaluate_run
 from mecheval.run_folder.checkpoints import CheckpointError
 from mecheval.train.loop import train
-from tests.reliability.helpers import cli_line, tiny
+from tests.helpers import cli_line, tiny
+
+pytestmark = pytest.mark.reliability
 
 FINAL, OLDER = "step_000000008", "step_000000006"
 SMALL = ["--positions", "key", "--corruptions", "key"]  # a small grid: the step is the point

@@ -10,7 +10,9 @@ from mecheval import cli
 from mecheval.config import ConfigError
 from mecheval.io import exclusive_lock
 from mecheval.train.loop import train
-from tests.reliability.helpers import TINY, cli_line, tiny
+from tests.helpers import TINY, cli_line, tiny
+
+pytestmark = pytest.mark.reliability
 
 
 def test_a_second_train_on_a_folder_in_use_is_one_line(tmp_path, capsys):

@@ -15,6 +15,8 @@ from mecheval.evaluation.evaluate import evaluate_all
 from mecheval.evaluation.report import build_report
 from tests.evaluation.browser import CHROMIUM, measure
 
+pytestmark = pytest.mark.pipeline
+
 
 @pytest.mark.skipif(
     CHROMIUM is None,

@@ -11,6 +11,8 @@ from mecheval.interventions import interchange_grid
 from mecheval.models import build_model
 from mecheval.tasks import make_task
 
+pytestmark = pytest.mark.reliability
+
 TASK = make_task("ar", num_pairs=4, num_keys=16)
 
 

@@ -22,7 +22,9 @@ from mecheval.models.pretrained import from_pretrained
 from mecheval.models.pretrained.synthetic import random_hf_model, word_tokenizer
 from mecheval.run_folder.files import RESULT_KEYS
 from mecheval.tasks import make_task
-from tests.reliability.helpers import cli_line
+from tests.helpers import cli_line
+
+pytestmark = pytest.mark.pipeline
 
 NAMES = ["Alice", "Bob", "Carol", "Dave", "Eve", "Frank"]
 CODES = ["12", "47", "53", "88", "31", "64"]

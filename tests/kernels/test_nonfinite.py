@@ -15,6 +15,8 @@ import mecheval_kernels
 from mecheval_kernels.delta_rule.reference import delta_rule_ref, gated_delta_rule_ref
 from mecheval_kernels.ssd.reference import mamba2_scan_ref
 
+pytestmark = pytest.mark.reliability
+
 NAN = float("nan")
 T = 150  # three chunks of the delta rules (64), five of the SSD (32)
 AT = torch.tensor([[3, 66, 149], [0, 70, 120]])  # states read back (delta rules)

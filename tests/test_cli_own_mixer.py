@@ -8,7 +8,9 @@ import pytest
 
 from mecheval import cli
 from mecheval.models import build_model
-from tests.reliability.helpers import TINY
+from tests.helpers import TINY
+
+pytestmark = pytest.mark.pipeline
 
 ARCH = "examples.retention:DeclaredRetention"
 

@@ -14,6 +14,8 @@ from mecheval.evaluation.config import DEFAULTS, EvaluateConfig
 from mecheval.evaluation.evaluate import evaluate_run
 from mecheval.pipeline import load_run_config
 
+pytestmark = pytest.mark.pipeline
+
 
 def test_cli_main_job_and_evaluate_run_share_the_defaults():
     args = build_parser().parse_args(["evaluate", "runs/x"])

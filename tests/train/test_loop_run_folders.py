@@ -13,7 +13,9 @@ from mecheval.config import ConfigError
 from mecheval.sweep import run_name
 from mecheval.train.config import identity
 from mecheval.train.loop import train
-from tests.reliability.helpers import TINY, tiny
+from tests.helpers import TINY, tiny
+
+pytestmark = pytest.mark.reliability
 
 
 def test_finished_run_of_another_config_is_refused_by_name(tmp_path):

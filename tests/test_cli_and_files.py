@@ -16,7 +16,9 @@ from mecheval.evaluation.report import build_report
 from mecheval.io import atomic_write_text
 from mecheval.sweep import expand_sweep, run_sweep
 from mecheval.train.loop import train
-from tests.reliability.helpers import tiny
+from tests.helpers import tiny
+
+pytestmark = pytest.mark.reliability
 
 
 def test_report_on_a_mistyped_path_creates_no_folder(tmp_path, capsys):

@@ -14,7 +14,9 @@ from mecheval.evaluation.config import OptionError
 from mecheval.evaluation.evaluate import evaluate_run
 from mecheval.tasks import make_task
 from mecheval.train.loop import train
-from tests.reliability.helpers import cli_line, tiny
+from tests.helpers import cli_line, tiny
+
+pytestmark = pytest.mark.reliability
 
 # The tiny task: 4 pairs over 16 keys, documents of 13 tokens, values at 2, 4, 6 or 8.
 TASK = "ar(num_pairs=4, num_keys=16)"

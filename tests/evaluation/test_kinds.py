@@ -10,7 +10,9 @@ import pandas as pd
 import pytest
 
 from mecheval import cli
-from tests.reliability.helpers import TINY, cli_line
+from tests.helpers import TINY, cli_line
+
+pytestmark = pytest.mark.pipeline
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import yaml
 
 from mecheval.config import to_dict
@@ -21,6 +22,8 @@ from mecheval.evaluation.findings import (
 from mecheval.evaluation.report import task_setting
 from mecheval.evaluation.study_numbers import at_study_scale
 from mecheval.sweep import expand_sweep
+
+pytestmark = pytest.mark.pipeline
 
 
 def model(task, arch, acc, mechanism=None, d_model=64, **readouts):

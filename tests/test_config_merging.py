@@ -12,7 +12,9 @@ from mecheval.pipeline import QUICKSTART, load_run_config
 from mecheval.run_folder.files import read_run_config
 from mecheval.train.config import load_train_config
 from mecheval.train.loop import train
-from tests.reliability.helpers import tiny
+from tests.helpers import tiny
+
+pytestmark = pytest.mark.reliability
 
 
 def test_dotted_override_of_the_default_sweep_keeps_its_grid_and_base():

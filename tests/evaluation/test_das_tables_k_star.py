@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from mecheval.evaluation.das_tables import _k_star, k_star_table
+
+pytestmark = pytest.mark.pipeline
 
 
 def test_k_star_is_measured_from_no_swap():
