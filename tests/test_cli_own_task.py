@@ -44,7 +44,7 @@ def test_a_task_that_no_longer_imports_is_a_one_line_config_error(tmp_path, monk
     """Trained in the folder that holds its module, evaluated from another."""
     monkeypatch.setattr(sys, "path", list(sys.path))  # the registry adds the folder it ran in
     (tmp_path / "mine").mkdir()
-    source = (Path(__file__).parents[2] / "examples" / "successor.py").read_text()
+    source = (Path(__file__).parents[1] / "examples" / "successor.py").read_text()
     (tmp_path / "mine" / "mytask.py").write_text(source)
     monkeypatch.chdir(tmp_path / "mine")
     run = tmp_path / "mine" / "run"

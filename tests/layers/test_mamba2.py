@@ -1,5 +1,5 @@
 """The Mamba2 layer: a state dict with mamba-ssm's `Mamba2` names and shapes loads strictly and
-gives the published equations (tests/models/references.py), with and without its conv, with
+gives the published equations (tests/layers/references.py), with and without its conv, with
 groups and a per-channel D; mamba-ssm's initialisation; the gated RMSNorm."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from mecheval.layers import Mamba2
 from mecheval.layers.mamba2 import RMSNormGated
 from mecheval.layers.resume import Resume
-from tests.models.references import mamba2_reference
+from tests.layers.references import mamba2_reference
 
 ATOL, RTOL = 2e-5, 1e-4
 

@@ -1,6 +1,6 @@
 """Named sites: every site of every architecture can be read and patched, with the semantics
 `model.intervene` documents; state patches equal an independent recurrence (the published
-equations, patched in the loop, in tests/models/references.py)."""
+equations, patched in the loop, in tests/layers/references.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from mecheval.layers import Site, StateSite
 from mecheval.models import ARCHITECTURES, build_model
-from tests.models.references import (
+from tests.layers.references import (
     delta_net_reference,
     gated_delta_net_reference,
     mamba2_reference,

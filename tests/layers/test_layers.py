@@ -1,4 +1,4 @@
-"""The reusable layers against their published equations (tests/models/references.py), and
+"""The reusable layers against their published equations (tests/layers/references.py), and
 state dicts shaped like mamba-ssm's and flash-linear-attention's loading strictly."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from mecheval.layers import DeltaNet, GatedDeltaNet, Mamba, ShortConvolution
 from mecheval.layers.long_conv import DIRECT_MAX_LEN, long_causal_conv
-from tests.models.references import (
+from tests.layers.references import (
     causal_depthwise_conv,
     delta_net_reference,
     gated_delta_net_reference,
@@ -276,7 +276,7 @@ def test_h3_equals_its_two_recurrences(d_state):
     """Both SSMs as recurrences (float64 oracle) against the layer's FFT/Toeplitz convolutions,
     with a trained-like shift B (not the initial e_1) and the study's head_dim 2."""
     from mecheval.layers import H3
-    from tests.models.references import h3_reference
+    from tests.layers.references import h3_reference
 
     torch.manual_seed(0)
     layer = H3(8, d_state=d_state, head_dim=2)
@@ -293,7 +293,7 @@ def test_h3_equals_its_two_recurrences(d_state):
 def test_implicit_filters_start_from_the_study_positional_encoding():
     from mecheval.layers import Hyena
     from mecheval.layers.base_conv import BaseConv
-    from tests.models.references import positional_encoding_reference
+    from tests.layers.references import positional_encoding_reference
 
     z = positional_encoding_reference(1024)
     torch.testing.assert_close(Hyena(8, 1024).filter_fn.z.double(), z)
@@ -303,7 +303,7 @@ def test_implicit_filters_start_from_the_study_positional_encoding():
 def test_hyena_and_long_base_conv_equal_their_definitions():
     from mecheval.layers import Hyena
     from mecheval.layers.base_conv import BaseConv
-    from tests.models.references import base_conv_long_reference, hyena_reference
+    from tests.layers.references import base_conv_long_reference, hyena_reference
 
     torch.manual_seed(0)
     l_max = 64
