@@ -1,6 +1,6 @@
-"""Tiny runs for the reliability probes (issue 18): a 4-pair AR task, d_model 16, a few steps,
-the PyTorch kernels (the test session turns on the Triton interpreter), on CPU, no progress
-bar."""
+"""Tiny runs for the tests that train (the reliability probes of issue 18 first): a 4-pair AR
+task, d_model 16, a few steps, the PyTorch kernels (the test session turns on the Triton
+interpreter), on CPU, no progress bar; and the one line a failing `mecheval` command writes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Every config file in configs/ loads, and the study's grids have the study's sizes (the
-per-folder study grids of configs/study/ are tested in tests/configs/)."""
+per-folder study grids of configs/study/ in test_study_configs.py)."""
 
 from __future__ import annotations
 
