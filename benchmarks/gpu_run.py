@@ -22,7 +22,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_TESTS = ["tests/kernels", "tests/models"]
+DEFAULT_TESTS = ["tests/kernels", "tests/layers", "tests/models"]
 
 
 def environment() -> dict:

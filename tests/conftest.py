@@ -32,6 +32,50 @@ if not HAS_CUDA:
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _cache(request, monkeypatch):
+    """Each reliability test's task datasets in its own cache, never the user's (tests/evaluation
+    and tests/run_folder do this for all their tests in their conftest.py)."""
+    if request.node.get_closest_marker("reliability") is not None:
+        tmp_path = request.getfixturevalue("tmp_path")
+        monkeypatch.setenv("MECHEVAL_CACHE", str(tmp_path / "cache"))
+
+
+# The pipeline tests' trained model: 4-pair AR over 16 keys, 2,400 steps, every 600-step
+# checkpoint kept (for the read-outs over training).
+TRAINED = [
+    "task.options.num_pairs=4",
+    "task.options.num_keys=16",
+    "task.train_size=64000",
+    "task.eval_size=128",
+    "arch=attention",
+    "d_model=64",
+    "model.options.init=pytorch",
+    "steps=2400",
+    "seed=0",
+    "lr=1e-3",
+    "eval_every=600",
+    "checkpoint_every=600",
+    "keep_checkpoints=4",
+    "progress=false",
+    "backend=torch",
+]
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """A small attention model trained once per session (it solves its AR by induction): its
+    run folder and its result."""
+    from mecheval.train.config import load_train_config
+    from mecheval.train.loop import train
+
+    root = tmp_path_factory.mktemp("trained")
+    os.environ["MECHEVAL_CACHE"] = str(root / "cache")
+    run = root / "attention"
+    result = train(load_train_config(None, TRAINED), run)
+    return run, result
+
+
 @pytest.fixture
 def device() -> torch.device:
     """The device Triton kernels run on in this session: CUDA, else CPU under the interpreter."""

@@ -2,7 +2,8 @@
 cycle between the modules of `mecheval_kernels` (folder kernels/) and `mecheval`, no
 function-local import of a module of the house that would close one, `mecheval_kernels` never
 imports `mecheval`, no function outside the
-Triton kernels longer than 80 lines, and a README under 180 lines."""
+Triton kernels longer than 80 lines, a README under 180 lines, and test folders that mirror the
+package's."""
 
 from __future__ import annotations
 
@@ -142,3 +143,16 @@ def test_no_long_function_outside_the_triton_kernels(package):
 
 def test_the_readme_is_a_short_front_door():
     assert len((REPO / "README.md").read_text().splitlines()) < LONGEST_README
+
+
+def test_the_test_folders_mirror_the_package():
+    """tests/x/ holds the tests of mecheval/x/ (tests/kernels/ those of kernels/, tests/configs/
+    those of configs/); what cuts across folders is a pytest marker, not a folder."""
+    tests = REPO / "tests"
+    folders = {path.parent.relative_to(tests) for path in tests.rglob("test_*.py")}
+    strays = [
+        str(folder)
+        for folder in folders - {Path(".")}
+        if not (REPO / "mecheval" / folder).is_dir() and not (REPO / folder).is_dir()
+    ]
+    assert not strays, f"test folders without a package folder: {sorted(strays)}"

@@ -19,7 +19,7 @@ from mecheval.evaluation.das_runs import bases_key, read_bases
 from mecheval.evaluation.documents import evaluation_documents
 from mecheval.run_folder import files
 from mecheval.run_folder.weights import load_trained_model
-from tests.reliability.helpers import TINY, cli_line
+from tests.helpers import TINY, cli_line
 
 FAST = ["--steps", "2", "--lr", "0.05"]
 

@@ -14,7 +14,7 @@ from mecheval import cli
 from mecheval.evaluation.das_tables import das_results, iia_table, k_star_table
 from mecheval.evaluation.report import best_runs
 from mecheval.run_folder.files import DAS, DAS_BASES, DAS_STAMP, write_stamped
-from tests.reliability.helpers import TINY
+from tests.helpers import TINY
 
 SETTINGS = dict(steps=200, lr=0.01, batch_size=64, holdout=0.5, seed=0, split="dev")
 

@@ -27,7 +27,7 @@ from mecheval.run_folder.files import (
     write_stamped,
 )
 from mecheval.tasks import make_task
-from tests.reliability.helpers import TINY
+from tests.helpers import TINY
 
 ARCH = "tests.evaluation.conv_mixer:ShortConvAttention"
 CONVS = ("q_short", "k_short", "v_short")

@@ -21,7 +21,7 @@ from mecheval import cli
 from mecheval.models import register_mixer
 from mecheval.models.registry import unregister_mixer
 from mecheval.run_folder.provenance import AS_TRAINED, CHANGED, NOT_RECORDED, code_status
-from tests.reliability.helpers import TINY, cli_line
+from tests.helpers import TINY, cli_line
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = ["steps=2", "eval_every=2", "checkpoint_every=2"]

@@ -105,8 +105,8 @@ def test_train_refuses_a_mixer_with_a_site_forward_never_reaches(tmp_path, capsy
     """Before: it trained, and then `evaluate` failed with "internal error", exit 3."""
     from mecheval.models import register_mixer
     from mecheval.models.registry import unregister_mixer
-    from tests.models.test_check_mixer import Unreached
-    from tests.reliability.helpers import TINY, cli_line
+    from tests.helpers import TINY, cli_line
+    from tests.test_testing import Unreached
 
     register_mixer("unreached_site", Unreached)
     try:

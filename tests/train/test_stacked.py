@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-import tests.reliability.helpers as reliability
 from mecheval.config import ConfigError
 from mecheval.models import ARCHITECTURES, build_model
 from mecheval.run_folder.files import RESULT, read_result
@@ -23,13 +22,14 @@ from mecheval.train import loop
 from mecheval.train.config import load_train_config
 from mecheval.train.loop import stack_key, train, train_stacked
 from mecheval.train.stacked import StackedAdamW, StackedModels
+from tests import helpers
 
 # Learning rates at which these tiny models train smoothly: at 3e-3 DeltaNet's training itself
 # turns a 1e-7 change of its initial weights into a 3e-3 change after 100 steps, and no
 # implementation can be closer to another than that.
 LRS = (1e-4, 3e-4, 1e-3)
 TINY = [
-    *reliability.TINY,
+    *helpers.TINY,
     "arch=mamba",
     "steps=40",
     "eval_every=20",
