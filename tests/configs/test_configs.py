@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from mecheval.pipeline import load_run_config
 from mecheval.sweep import expand_sweep, load_sweep
@@ -13,10 +14,33 @@ from mecheval.sweep import expand_sweep, load_sweep
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 GRID_SIZES = {"study_ar_d64.yaml": 7 * 7, "study_scale.yaml": 55, "frontier_scale.yaml": 15}
 RUN_CONFIGS = ("study_ar_run.yaml", "quickstart.yaml", "findings.yaml")
+TASK_FILES = ("prompts.yaml",)  # `mecheval evaluate --model ... --task FILE`
 
 
 def test_every_config_file_is_covered():
-    assert {p.name for p in CONFIGS.glob("*.yaml")} == set(GRID_SIZES) | set(RUN_CONFIGS)
+    names = {p.name for p in CONFIGS.glob("*.yaml")}
+    assert names == set(GRID_SIZES) | set(RUN_CONFIGS) | set(TASK_FILES)
+
+
+def test_the_prompts_task_file_makes_its_task(tmp_path):
+    """configs/prompts.yaml, read as `mecheval evaluate --model` reads it, makes the prompts
+    task: with a tokenizer that reads each word as one token (a checkpoint's own is used where
+    the file names none), the key the query names is the key at its role, and the answer is
+    the token at the value's."""
+    from mecheval.evaluation.pretrained import read_task_file
+    from mecheval.models.pretrained.synthetic import word_tokenizer
+    from mecheval.tasks import make_task
+
+    options = read_task_file(CONFIGS / "prompts.yaml")
+    words = ["The", "code", "of", "is", ".", *options["keys"], *options["values"]]
+    word_tokenizer(words, tmp_path)
+    task = make_task("prompts", tokenizer=str(tmp_path), **options)
+    batch = task.dataset("dev", size=16, cache_dir=tmp_path / "cache")
+    rows = torch.arange(16)
+    keys, values = batch.positions["key"], batch.positions["value"]
+    query = batch.positions["query"]  # the prompt's last token, "is": the key just before it
+    assert (batch.tokens[rows, query - 1] == batch.tokens[rows, keys]).all()
+    assert (batch.answers == batch.tokens[rows, values]).all()
 
 
 @pytest.mark.parametrize("name,size", sorted(GRID_SIZES.items()))
