@@ -193,7 +193,7 @@ class Mamba3(Mixer):
         arguments, z = self._arguments(hidden_states, None if context[0] is None else context)
         scan_at = functools.partial(mecheval_kernels.at_positions, self._scan, **arguments)
         keep = resume is not None and resume.leave
-        result = self.state.scan(scan_at, batch, length, out_at=at, return_final_state=keep)
+        result = self.state.scan(scan_at, batch, length, at=at, return_final_state=keep)
         if keep:
             leave_context(resume, *self._carried(arguments, context[0]), result.final_state)
         y = result.out.flatten(-2)

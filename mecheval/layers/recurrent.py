@@ -192,4 +192,4 @@ class RecurrentMixer(Mixer):
         """The scan through the state site: its output at every position, or at `at` (B,)
         alone, and its final state when a context is to be left."""
         final = resume is not None and resume.leave
-        return self.state.scan(scan_at, batch, length, out_at=at, return_final_state=final)
+        return self.state.scan(scan_at, batch, length, at=at, return_final_state=final)

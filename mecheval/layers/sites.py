@@ -173,21 +173,23 @@ class StateSite(nn.Module):
         scan_at: Callable[..., ScanAt],
         batch: int,
         length: int,
-        out_at: torch.Tensor | None = None,
+        at: torch.Tensor | None = None,
         return_final_state: bool = False,
     ) -> ScanAt:
         """Run the scan as the plan says.
 
         Args:
             scan_at: the layer's scan at positions, taking the keywords states_at, out_at,
-                state_patch and return_final_state and returning a `mecheval_kernels.ScanAt`.
+                state_patch and return_final_state (the kernels' `at_positions`) and returning
+                a `mecheval_kernels.ScanAt`.
             batch, length: the scan's B and L (positions are checked against them).
-            out_at: (B,) the one position per row whose output is wanted, or None (all).
+            at: (B,) the one position per row whose output is wanted (the kernels' out_at),
+                or None (all).
             return_final_state: whether the state after the last position is wanted.
         """
         plan = self.plan
         if plan is None:
-            return scan_at(out_at=out_at, return_final_state=return_final_state)
+            return scan_at(out_at=at, return_final_state=return_final_state)
         read = patch = None
         if plan.read:
             read = plan.read_positions
@@ -206,7 +208,7 @@ class StateSite(nn.Module):
         try:
             result = scan_at(
                 states_at=read,
-                out_at=out_at,
+                out_at=at,
                 state_patch=patch,
                 return_final_state=return_final_state,
             )
