@@ -37,7 +37,7 @@ from mecheval.interventions import interchange_grid, per_cell_loop
 from mecheval.layers import Mixer
 from mecheval.layers.resume import Resume, context_rows
 from mecheval.layers.sites import SitePlan, StateSite
-from mecheval.models import build_model, build_model_from_config, model_config
+from mecheval.models import LanguageModel, build_model, model_config
 from mecheval.models.registry import architecture, register_mixer, unregister_mixer
 from mecheval.tasks import Task, make_task
 
@@ -521,7 +521,7 @@ def _grid_check(config, seed: int, atol: float, rtol: float) -> Check:
         config, vocab_size=task.vocab_size, max_len=task.max_document_length
     )
     torch.manual_seed(seed)
-    model = build_model_from_config(config).eval()
+    model = LanguageModel(config).eval()
     batch = task.sample(6, seed=seed, split="dev")
     corrupted = task.corrupt(batch, "key", seed=seed)
     with torch.no_grad():

@@ -36,13 +36,6 @@ from mecheval.models.registry import (
 MODEL_OPTIONS = ("position_embeddings", "init", "l_max")
 
 
-def build_model_from_config(config: ModelConfig) -> LanguageModel:
-    """The model `config` describes, freshly initialised (seed with torch.manual_seed)."""
-    if not isinstance(config, ModelConfig):
-        raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
-    return LanguageModel(config)
-
-
 def model_config(
     arch: str, vocab_size: int, d_model: int, n_layers: int = 2, *, max_len: int, **options
 ) -> ModelConfig:
@@ -64,9 +57,12 @@ def build_model(
     max_len: int,
     **options: object,
 ) -> LanguageModel:
-    """`build_model_from_config(model_config(...))`: the model of these sizes and options."""
-    config = model_config(arch, vocab_size, d_model, n_layers, max_len=max_len, **options)
-    return build_model_from_config(config)
+    """`LanguageModel(model_config(...))`: the model of these sizes and options, freshly
+    initialised (seed with torch.manual_seed). A ModelConfig builds its model as
+    `LanguageModel(config)`."""
+    return LanguageModel(
+        model_config(arch, vocab_size, d_model, n_layers, max_len=max_len, **options)
+    )
 
 
 __all__ = [
@@ -85,7 +81,6 @@ __all__ = [
     "architecture",
     "build_block",
     "build_model",
-    "build_model_from_config",
     "from_pretrained",
     "mixer_entry",
     "model_config",

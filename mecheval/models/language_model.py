@@ -51,6 +51,8 @@ class LanguageModel(nn.Module):
     """
 
     def __init__(self, config: ModelConfig) -> None:
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
         super().__init__()
         self.config = config
         d = config.d_model

@@ -10,9 +10,9 @@ import torch
 from mecheval.layers import H3, BaseConv, BasedLinearAttention, Mamba, Mamba2
 from mecheval.models import (
     ARCHITECTURES,
+    LanguageModel,
     ModelConfig,
     build_model,
-    build_model_from_config,
     model_config,
 )
 from mecheval.models.blocks import MambaBlock, TransformerBlock
@@ -106,7 +106,7 @@ def test_config_round_trips_through_a_plain_dict():
     assert all(isinstance(v, scalars) for k, v in plain.items() if k != "options")
     assert plain["options"] == {"d_conv": 2}
     assert ModelConfig(**plain) == config
-    a, b = build_model_from_config(config), build_model_from_config(ModelConfig(**plain))
+    a, b = LanguageModel(config), LanguageModel(ModelConfig(**plain))
     assert set(a.state_dict()) == set(b.state_dict())
     assert config.resolved() == {
         "position_embeddings": False,
@@ -155,7 +155,7 @@ def test_build_model_refuses_unknown_options():
     with pytest.raises(ValueError, match="dropout, n_layer do not apply to arch 'attention'"):
         build_model("attention", 50, 16, max_len=8, dropout=0.1, n_layer=2)
     with pytest.raises(TypeError):
-        build_model_from_config({"arch": "attention"})
+        LanguageModel({"arch": "attention"})
 
 
 def test_model_refuses_bad_inputs():
