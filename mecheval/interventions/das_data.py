@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from mecheval.interventions.engine import UNSHIFTED, base_run, hidden_at
+from mecheval.interventions.engine import UNSHIFTED, corrupted_run, hidden_at
 from mecheval.interventions.plan import (
     AFTER_MIXER,
     AFTER_MLP_INPUT,
@@ -80,11 +80,11 @@ def prepare(model, batch, corrupted, sites, positions, dims, layers, holdout: fl
     clean and corrupted runs, with the resume points of the base run."""
     device = next(model.parameters()).device
     batch = batch.to(device)
-    base_tokens = torch.as_tensor(corrupted, device=device)
-    if base_tokens.shape != batch.tokens.shape:
+    corrupted = torch.as_tensor(corrupted, device=device)
+    if corrupted.shape != batch.tokens.shape:
         raise ValueError(
             f"corrupted must have the batch's shape {tuple(batch.tokens.shape)}, "
-            f"got {tuple(base_tokens.shape)}"
+            f"got {tuple(corrupted.shape)}"
         )
     n, length = batch.tokens.shape
     held_n = check_holdout(holdout, n)
@@ -96,9 +96,9 @@ def prepare(model, batch, corrupted, sites, positions, dims, layers, holdout: fl
     query = batch.positions["query"]
     needed = int(query.max()) + 1
     refs = select_sites(model, layers, sites)
-    data = _read(model, refs, where, batch.tokens, base_tokens, needed)
+    data = _read(model, refs, where, batch.tokens, corrupted, needed)
     left_out(dims, {name: site.width for name, site in data.items()})
-    _add_resume_points(model, data, where, base_tokens, query, needed)
+    _add_resume_points(model, data, where, corrupted, query, needed)
     _mark_live(model, data, query)
     combos = {
         ref.name: [
@@ -135,7 +135,7 @@ def left_out(dims, widths: dict[str, int]) -> dict[str, list[int]]:
     return {name: ks for name, ks in dropped.items() if ks}
 
 
-def _read(model, refs, where, tokens, base_tokens, needed) -> dict[str, SiteData]:
+def _read(model, refs, where, tokens, corrupted, needed) -> dict[str, SiteData]:
     """Every site's activations at each label's positions in the clean (source) and corrupted
     (base) runs, and the base's residual entering each site's block."""
     labels = list(where)
@@ -151,7 +151,7 @@ def _read(model, refs, where, tokens, base_tokens, needed) -> dict[str, SiteData
     )
     runs = {}
     with torch.no_grad():
-        for name, tokens_of in (("source", tokens), ("base", base_tokens)):
+        for name, tokens_of in (("clean", tokens), ("corrupted", corrupted)):
             with model.intervene(reads=reads) as record:
                 model.forward_from(0, model.embed(tokens_of), head=False)
             runs[name] = dict(record)
@@ -159,14 +159,14 @@ def _read(model, refs, where, tokens, base_tokens, needed) -> dict[str, SiteData
     data = {}
     for ref in refs:
         per_label = {}
-        for which in ("source", "base"):
+        for which in ("clean", "corrupted"):
             values = runs[which][ref.name]
             if ref.short == "state":  # (n, P, *state): the states after each label's position
                 picked = {label: values[:, j] for j, label in enumerate(labels)}
             else:
                 picked = {label: values[rows, where[label]] for label in labels}
             per_label[which] = picked
-        shape = tuple(per_label["source"][labels[0]].shape[1:])
+        shape = tuple(per_label["clean"][labels[0]].shape[1:])
         flat = {
             which: {lab: v.reshape(len(v), -1).float() for lab, v in per.items()}
             for which, per in per_label.items()
@@ -176,31 +176,31 @@ def _read(model, refs, where, tokens, base_tokens, needed) -> dict[str, SiteData
             ref,
             width,
             shape,
-            flat["base"],
-            flat["source"],
+            flat["corrupted"],
+            flat["clean"],
             where,
             {},
-            *_entering(ref, runs["base"], needed),
+            *_entering(ref, runs["corrupted"], needed),
         )
         mixer_input = f"layers.{data[ref.name].first_block}.mixer_input"
-        if mixer_input in runs["base"]:
-            data[ref.name].mixer_input = runs["base"][mixer_input][:, :needed]
+        if mixer_input in runs["corrupted"]:
+            data[ref.name].mixer_input = runs["corrupted"][mixer_input][:, :needed]
     return data
 
 
-def _add_resume_points(model, data, where, base_tokens, query, needed) -> None:
+def _add_resume_points(model, data, where, corrupted, query, needed) -> None:
     """Each row's resume point (the interchange grid's: the largest at or before its patch;
     0 where the model cannot resume) and the base run's contexts there."""
-    n = len(base_tokens)
+    n = len(corrupted)
     points: list[int] = []
     if model.can_resume(0):
         positions = torch.cat(list(where.values()))
         points = _resume_points(model, positions, needed, n, GRID_MEMORY_BUDGET)
     contexts: dict[int, list] = {0: [None] * len(model.layers)}
     with torch.no_grad():
-        embedded = model.embed(base_tokens)
+        embedded = model.embed(corrupted)
         if points:
-            hidden, _, contexts = base_run(model, embedded, query, {}, points, needed)
+            hidden, _, contexts = corrupted_run(model, embedded, query, {}, points, needed)
         else:
             hidden = hidden_at(model, 0, embedded[:, :needed], query)
     table = torch.tensor(points or [0], device=query.device)

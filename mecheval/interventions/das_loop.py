@@ -39,7 +39,7 @@ def das_loop(
     data, combos, target, query, train, held = prepare(
         model, batch, corrupted, sites, positions, dims, layers, settings.holdout
     )
-    base_tokens = torch.as_tensor(corrupted, device=query.device)
+    corrupted = torch.as_tensor(corrupted, device=query.device)
     parts, learned = [], {}
     with _frozen(model):
         for name, mine in combos.items():
@@ -47,7 +47,7 @@ def das_loop(
             for combo in mine:
                 full = combo.k == site.width  # the full swap: nothing to learn
                 bases = None if full else Bases(site.width, combo.k, [combo.seed(settings.seed)])
-                run = _Run(model, site, combo.label, bases, base_tokens, query)
+                run = _Run(model, site, combo.label, bases, corrupted, query)
                 if not full:
                     _train(run, bases, train, target, settings)
                     R = bases.weight.detach()[0].float().cpu().contiguous()
@@ -72,9 +72,9 @@ def _train(run, bases, train, target, settings: DasSettings) -> None:
 class _Run:
     """One combination's patched forward: the logits at the query of documents `docs`."""
 
-    def __init__(self, model, site, label, bases, base_tokens, query) -> None:
+    def __init__(self, model, site, label, bases, corrupted, query) -> None:
         self.model, self.site, self.label, self.bases = model, site, label, bases
-        self.base_tokens, self.query = base_tokens, query
+        self.corrupted, self.query = corrupted, query
 
     def _swap(self, base: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
         if self.bases is None:  # the full swap
@@ -90,7 +90,7 @@ class _Run:
             base = site.base[self.label][docs]
             values = self._swap(base, source).view(len(docs), *site.shape)
             with model.intervene(patches={site.ref.name: (where, values)}):
-                logits = model(self.base_tokens[docs])
+                logits = model(self.corrupted[docs])
         else:
 
             def swap(module, inputs, output):
@@ -101,7 +101,7 @@ class _Run:
 
             handle = model.site(site.ref.name).register_forward_hook(swap)
             try:
-                logits = model(self.base_tokens[docs])
+                logits = model(self.corrupted[docs])
             finally:
                 handle.remove()
         return logits[rows, self.query[docs]].float()

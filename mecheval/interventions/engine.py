@@ -102,7 +102,7 @@ class Metrics:
         return self._buffer[0][:rows]
 
 
-def base_run(
+def corrupted_run(
     model, embedded: torch.Tensor, query: torch.Tensor, reads: dict, points: list[int], needed: int
 ):
     """The base (corrupted) run, once, over positions [0, needed): its head input at each row's

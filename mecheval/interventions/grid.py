@@ -52,8 +52,8 @@ from tqdm.auto import tqdm
 from mecheval.interventions.engine import (
     Contexts,
     Metrics,
-    base_run,
     block_output_at,
+    corrupted_run,
     hidden_at,
     run_patched,
 )
@@ -107,29 +107,29 @@ def interchange_grid(
     check_batch(batch)
     device = next(model.parameters()).device
     batch = batch.to(device)
-    base_tokens = torch.as_tensor(corrupted, device=device)
-    if base_tokens.shape != batch.tokens.shape:
-        expected, got = tuple(batch.tokens.shape), tuple(base_tokens.shape)
+    corrupted = torch.as_tensor(corrupted, device=device)
+    if corrupted.shape != batch.tokens.shape:
+        expected, got = tuple(batch.tokens.shape), tuple(corrupted.shape)
         raise ValueError(f"corrupted must have the batch's shape {expected}, got {got}")
-    check_vocabulary(model, batch, base_tokens)
+    check_vocabulary(model, batch, corrupted)
     was_training = model.training
     model.eval()
     plan = plan_grid(
-        model, batch, layers, sites, positions, corrupted=base_tokens, memory_budget=memory_budget
+        model, batch, layers, sites, positions, corrupted=corrupted, memory_budget=memory_budget
     )
     try:
-        outputs, p_original, p_corrupted = run_plan(model, plan, batch, base_tokens, progress)
+        outputs, p_original, p_corrupted = run_plan(model, plan, batch, corrupted, progress)
     finally:
         model.train(was_training)
     return frame(outputs, plan, p_original, p_corrupted)
 
 
-def check_vocabulary(model, batch: Batch, base_tokens: torch.Tensor) -> None:
+def check_vocabulary(model, batch: Batch, corrupted: torch.Tensor) -> None:
     vocab = model.config.vocab_size
     for name, ids in (
         ("batch.tokens", batch.tokens),
         ("batch.answers", batch.answers),
-        ("corrupted", base_tokens),
+        ("corrupted", corrupted),
     ):
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= vocab:
@@ -171,9 +171,9 @@ def _sources(model, plan: GridPlan, batch: Batch) -> tuple[dict, torch.Tensor]:
 
 
 def run_plan(
-    model, plan: GridPlan, batch: Batch, base_tokens: torch.Tensor, progress: bool, values=None
+    model, plan: GridPlan, batch: Batch, corrupted: torch.Tensor, progress: bool, values=None
 ):
-    """Every live cell of the plan, patched into the base documents `base_tokens` with the
+    """Every live cell of the plan, patched into the base documents `corrupted` with the
     clean run's values at its site and position (`values`, given: a function of those, the
     stacked source dict, returning the values to patch): (per site: ref, p_restored, logit,
     kl), p_original, p_corrupted (the base run's)."""
@@ -187,8 +187,8 @@ def run_plan(
     reads = {f"layers.{i}.block_input": None for i, short in shorts if short != "block_output"}
     reads.update({f"layers.{i}.block_output": None for i, sh in shorts if sh in AFTER_MIXER})
     reads.update({f"layers.{i}.mixer_output": None for i, sh in shorts if sh in AFTER_MLP_INPUT})
-    corrupt_hidden, base, at_point = base_run(
-        model, model.embed(base_tokens), query, reads, plan.points, plan.needed
+    corrupt_hidden, base, at_point = corrupted_run(
+        model, model.embed(corrupted), query, reads, plan.points, plan.needed
     )
 
     metrics = Metrics.of(model, clean, plan.metric_rows)
