@@ -106,7 +106,7 @@ def test_train_refuses_a_mixer_with_a_site_forward_never_reaches(tmp_path, capsy
     from mecheval.models import register_mixer
     from mecheval.models.registry import unregister_mixer
     from tests.helpers import TINY, cli_line
-    from tests.test_testing import Unreached
+    from tests.testing.test_mixers import Unreached
 
     register_mixer("unreached_site", Unreached)
     try:
