@@ -23,13 +23,11 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import mecheval_kernels
 from mecheval.layers.kda import SigmoidGatedRMSNorm, head_sizes
 from mecheval.layers.qkv_convs import ShortConvQKV
-from mecheval.layers.resume import pick
 from mecheval.layers.ssm_init import dt_bias, no_weight_decay
 
 
@@ -109,9 +107,7 @@ class Comba(ShortConvQKV):
         p = k * self.decay[:, None].sigmoid() if self.use_inner_decay else k
         if self.use_output_correction:
             q = q - self.D[:, None] * p
-        g = -self.A_log.float().exp() * F.softplus(
-            self.a_proj(hidden_states).float() + self.dt_bias.float()
-        )
+        g = self._decay(hidden_states)
         scan_at = functools.partial(
             mecheval_kernels.at_positions,
             mecheval_kernels.chunk_comba,
@@ -128,9 +124,4 @@ class Comba(ShortConvQKV):
 
     def output(self, o: torch.Tensor, hidden_states, at: torch.Tensor | None) -> torch.Tensor:
         """o: (B, T or 1, H, V)."""
-        if self.use_output_gate:
-            gate = self.g_proj(pick(hidden_states, at))
-            o = self.o_norm(o, gate.unflatten(-1, (self.num_heads, self.head_v_dim)))
-        else:
-            o = self.o_norm(o.to(self.o_norm.weight.dtype))  # the norm in its weight's dtype
-        return self.o_proj(o.flatten(-2))
+        return self._gated_output(o, hidden_states, at, self.use_output_gate)

@@ -125,10 +125,7 @@ class GatedDeltaNet(ShortConvQKV):
     def scan_inputs(self, hidden_states, windows, state, resume) -> tuple:
         """See RecurrentMixer: the gated delta rule; the output gate reads the input (aside)."""
         q, k, v, windows = self._qkv(hidden_states, windows, resume, True)
-        # Decays and write strengths in float32 (fla computes g in float32 too).
-        g = -self.A_log.float().exp() * F.softplus(
-            self.a_proj(hidden_states).float() + self.dt_bias.float()
-        )
+        g = self._decay(hidden_states)
         scan_at = functools.partial(
             mecheval_kernels.at_positions,
             mecheval_kernels.chunk_gated_delta_rule,

@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import mecheval_kernels
@@ -31,7 +30,6 @@ from mecheval.checks import check_int
 from mecheval.layers.gated_delta_net import GatedRMSNorm
 from mecheval.layers.kda import head_sizes
 from mecheval.layers.qkv_convs import ShortConvQKV
-from mecheval.layers.resume import pick
 from mecheval.layers.ssm_init import dt_bias, no_weight_decay
 
 
@@ -116,10 +114,8 @@ class GatedDeltaProduct(ShortConvQKV):
         (q, k, v), windows = self.short_convs(projected, windows, resume)
         beta = self.b_proj(hidden_states).sigmoid()
         g = None
-        if self.use_forget_gate:  # in float32, as fla computes it
-            g = -self.A_log.float().exp() * F.softplus(
-                self.a_proj(hidden_states).float() + self.dt_bias.float()
-            )
+        if self.use_forget_gate:
+            g = self._decay(hidden_states)
         scan_at = functools.partial(
             mecheval_kernels.at_positions,
             mecheval_kernels.chunk_gated_delta_product,
@@ -136,12 +132,7 @@ class GatedDeltaProduct(ShortConvQKV):
 
     def output(self, o: torch.Tensor, hidden_states, at: torch.Tensor | None) -> torch.Tensor:
         """o: (B, T or 1, H, V)."""
-        if self.use_output_gate:
-            gate = self.g_proj(pick(hidden_states, at))
-            o = self.o_norm(o, gate.unflatten(-1, (self.num_heads, self.head_v_dim)))
-        else:
-            o = self.o_norm(o.to(self.o_norm.weight.dtype))  # the norm in its weight's dtype
-        return self.o_proj(o.flatten(-2))
+        return self._gated_output(o, hidden_states, at, self.use_output_gate)
 
     def state_size(self, sequence_length: int) -> int:
         """Floats carried between tokens: the state plus the short convs' last conv_size - 1

@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from mecheval.layers.recurrent import RecurrentMixer
-from mecheval.layers.resume import Resume
+from mecheval.layers.resume import Resume, pick
 from mecheval.layers.sites import StateSite
 
 
@@ -80,6 +81,22 @@ class ShortConvQKV(RecurrentMixer):
         else:
             beta = hidden_states.new_ones(*hidden_states.shape[:2], self.num_heads)
         return beta * 2 if self.allow_neg_eigval else beta
+
+    def _decay(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The gated delta rules' log decays (B, L, num_heads), in float32 as fla forms them:
+        -exp(A_log) softplus(u W_a + dt_bias)."""
+        step = self.a_proj(hidden_states).float() + self.dt_bias.float()
+        return -self.A_log.float().exp() * F.softplus(step)
+
+    def _gated_output(self, o: torch.Tensor, hidden_states, at, gated: bool) -> torch.Tensor:
+        """o_proj of o (B, T or 1, H, V) normed by o_norm: gated by g_proj of the input at
+        `at` (gated), or alone in the norm's weight's dtype."""
+        if gated:
+            gate = self.g_proj(pick(hidden_states, at))
+            o = self.o_norm(o, gate.unflatten(-1, (self.num_heads, self.head_v_dim)))
+        else:
+            o = self.o_norm(o.to(self.o_norm.weight.dtype))
+        return self.o_proj(o.flatten(-2))
 
     def state_size(self, sequence_length: int) -> int:
         """Floats carried between tokens: the state num_heads * head_k_dim * head_v_dim plus
