@@ -1,5 +1,5 @@
-"""The `mecheval` command line. It only parses arguments, loads configs and calls the library:
-everything here can be done from Python too.
+"""The `mecheval` command line: its arguments (here) and its commands (mecheval.commands), which
+load configs and call the library: everything can be done from Python too.
 
     mecheval [--debug] COMMAND ...
     mecheval train [--config FILE] [--out DIR] [key=value ...]
@@ -30,12 +30,12 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import fields
-from pathlib import Path
 
-# Only these light modules load at start; each command imports what it runs when it runs, so
-# that `--help` or a bad option answers without loading torch.
+# Only these light modules load at start; each command (mecheval.commands) imports what it runs
+# when it runs, so that `--help` or a bad option answers without loading torch.
+from mecheval import commands
 from mecheval.config import ConfigError
-from mecheval.evaluation.config import DasOptions, EvaluateConfig, OptionError
+from mecheval.evaluation.config import DasOptions, EvaluateConfig
 from mecheval.run_folder import LATEST
 
 
@@ -82,187 +82,6 @@ def _step(text: str) -> int | str:
         ) from None
 
 
-def _folder(path: Path, option: str = "--out") -> Path:
-    """`path`, refused by name when it, or a folder it would be made in, is a file."""
-    for above in [path, *path.parents]:
-        if above.exists():
-            if not above.is_dir():
-                where = "is a file" if above == path else f"lies under {above}, which is a file"
-                raise ConfigError(f"{option}: {path} {where}; give a folder")
-            break
-    return path
-
-
-def _check_cache() -> None:
-    """Refuse a dataset cache that cannot be written (MECHEVAL_CACHE naming a file) before any
-    run starts."""
-    from mecheval.tasks.dataset_cache import default_cache_dir
-
-    default_cache_dir()
-
-
-def _cmd_train(args: argparse.Namespace) -> int:
-    from mecheval.sweep import run_name
-    from mecheval.train.config import load_train_config
-    from mecheval.train.loop import train
-
-    config = load_train_config(args.config, args.overrides)
-    out = _folder(Path(args.out) if args.out else Path("runs") / run_name(config))
-    _check_cache()
-    result = train(config, out)
-    dev, test = result["dev_accuracy"], result["test_accuracy"]
-    print(f"{out}: dev accuracy {dev:.4f}, test accuracy {test:.4f}")
-    return 0
-
-
-def _on_gpu(device: str) -> bool:
-    from mecheval.train.config import resolve_device
-
-    return resolve_device(device).type == "cuda"
-
-
-def _cmd_sweep(args: argparse.Namespace) -> int:
-    from mecheval.sweep import (
-        EXECUTORS,
-        estimate_sweep,
-        execution_of,
-        load_sweep,
-        run_sweep,
-        select_runs,
-    )
-
-    if args.executor not in EXECUTORS:
-        raise ConfigError(f"--executor must be one of {EXECUTORS}, got {args.executor!r}")
-    runs = load_sweep(args.file, args.overrides)
-    if args.only:
-        runs = select_runs(runs, args.only)
-        if not runs:
-            raise ConfigError(f"--only {' '.join(args.only)} matches no run of {args.file}")
-    out = _folder(Path(args.out) if args.out else Path("runs") / Path(args.file).stem)
-    _check_cache()
-    if args.dry_run:
-        print(
-            f"{len(runs)} runs in {args.file}; measuring a few steps of each distinct model",
-            flush=True,
-        )
-        estimate = estimate_sweep(runs, workers=args.workers, progress=True, stack=args.stack)
-        for row in estimate["per_run"]:
-            ms, minutes = row["step_s"] * 1e3, row["estimate_s"] / 60
-            print(f"{row['run']:60s} {row['steps']:8d} steps x {ms:8.2f} ms = {minutes:8.1f} min")
-        hours = estimate["estimated_wall_s"] / 3600
-        runs_n = estimate["runs"]
-        print(f"{runs_n} runs; estimated wall time {hours:.2f} h on {args.workers} worker(s)")
-        if any(_on_gpu(run.config.device) for run in runs):
-            gpu_hours = estimate["total_run_s"] / 3600
-            print(f"estimated GPU-hours: {gpu_hours:.2f} (from the step times measured here)")
-        return 0
-    table = run_sweep(runs, out, **execution_of(args))
-    counts = table["status"].value_counts().to_dict()
-    print(f"{out / 'results.parquet'}: {counts}")
-    return 0 if counts.get("failed", 0) == 0 else 1
-
-
-def _cmd_data_stats(args: argparse.Namespace) -> int:
-    from mecheval.config import parse_overrides
-    from mecheval.tasks import make_task, stats_table
-
-    # `--task atr max_rhs_len=5`: nargs="+" also takes the overrides that follow the names.
-    names = [item for item in args.task if "=" not in item]
-    overrides = [item for item in args.task if "=" in item] + list(args.overrides)
-    if not names:
-        raise ConfigError(f"--task takes task names or import paths, got {args.task}")
-    options = parse_overrides(overrides)
-    try:
-        tasks = [make_task(name, **options) for name in names]
-    except (TypeError, ValueError) as error:  # a task option (named by the task)
-        raise ConfigError(str(error)) from None
-    _check_cache()
-    print(stats_table(tasks, n=args.n, seed=args.seed, grammar_seeds=args.grammar_seeds))
-    return 0
-
-
-def _flag(option: str) -> str:
-    """An EvaluateConfig field as `mecheval evaluate` names it (memory_budget: --memory-budget)."""
-    return "--" + option.replace("_", "-")
-
-
-def _over_runs(job, options_class, args: argparse.Namespace):
-    """`job(path, force=..., **options)` over the run folders at args.path, its options the
-    fields of `options_class` as parsed; an option's error names it as the command line does."""
-    _check_cache()
-    options = {field.name: getattr(args, field.name) for field in fields(options_class)}
-    try:
-        return job(args.path, force=args.force, allow_code_change=args.allow_code_change, **options)
-    except OptionError as error:
-        raise error.renamed(_flag) from None
-
-
-def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from mecheval.config import parse_overrides
-    from mecheval.evaluation.evaluate import evaluate_all, evaluation_summary
-    from mecheval.evaluation.kinds import evaluate_kind
-    from mecheval.run_folder.status import finished_runs
-
-    if args.kind == "grid" and args.option:
-        raise ConfigError("--option: the grid takes its options as flags (--positions, ...)")
-    if args.kind != "grid":
-        kind_options = parse_overrides(args.option)
-        job = lambda path, **kw: evaluate_kind(path, args.kind, kind_options, **kw)  # noqa: E731
-        table = _over_runs(job, EvaluateConfig, args)
-        print(f"{args.kind} on {table['run'].nunique()} run(s): {len(table)} rows")
-        return 0
-    table = _over_runs(evaluate_all, EvaluateConfig, args)
-    for run in finished_runs(args.path):
-        print(evaluation_summary(run))
-    print(f"evaluated {table['run'].nunique()} run(s): {len(table)} cells x examples")
-    return 0
-
-
-def _cmd_das(args: argparse.Namespace) -> int:
-    from mecheval.evaluation.das_runs import das_all, left_out_of
-    from mecheval.run_folder.status import finished_runs
-
-    table = _over_runs(das_all, DasOptions, args)
-    held = table.groupby(["run", "corruption", "layer", "site", "position", "k"]).size()
-    print(
-        f"DAS on {table['run'].nunique()} run(s): {len(held)} (site, position, k) "
-        f"combinations x {int(held.max())} held-out documents; IIA by k in each run's "
-        "das.parquet, the learned bases in its das_bases.safetensors"
-    )
-    for run in finished_runs(args.path):
-        for site, ks in left_out_of(run).items():
-            print(f"{run.name}: k {', '.join(map(str, ks))} left out at {site} (its width is less)")
-    return 0
-
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    from mecheval.evaluation.report import build_report
-
-    out = build_report(
-        args.path,
-        _folder(Path(args.out)) if args.out else None,
-        allow_code_change=args.allow_code_change,
-    )
-    print(f"{out / 'report.md'}\n{out / 'report.html'}")
-    return 0
-
-
-def _cmd_run(args: argparse.Namespace) -> int:
-    import time
-
-    from mecheval.pipeline import load_run_config, run_pipeline, summary
-
-    start = time.time()
-    if args.config and "=" in args.config:  # `mecheval run workers=4`: an override, no file
-        args.overrides, args.config = [args.config, *args.overrides], None
-    config = load_run_config(args.config, args.overrides)
-    _check_cache()
-    done = run_pipeline(config, _folder(Path(args.out)))
-    print(summary(done["mechanisms"], done["findings"]))
-    print(f"report: {done['report'] / 'report.md'} ({time.time() - start:.0f} s)")
-    return 0 if (done["results"]["status"] == "finished").all() else 1
-
-
 def _command(sub, name: str, help: str, func) -> argparse.ArgumentParser:
     """The subcommand `name`'s parser, which runs `func(args)`."""
     p = sub.add_parser(name, help=help)
@@ -283,7 +102,7 @@ def _run_options(
     defaults = options()
     for field in fields(options):
         p.add_argument(
-            _flag(field.name), default=getattr(defaults, field.name), **flags[field.name]
+            commands.flag(field.name), default=getattr(defaults, field.name), **flags[field.name]
         )
     p.add_argument("--force", action="store_true", help="redo runs already done")
     _allow_code_change(p)
@@ -299,14 +118,14 @@ def _allow_code_change(p: argparse.ArgumentParser) -> None:
 
 
 def _add_train(sub) -> None:
-    p = _command(sub, "train", "train one model", _cmd_train)
+    p = _command(sub, "train", "train one model", commands.train)
     p.add_argument("--config", help="YAML training config")
     p.add_argument("--out", help="run folder (default: runs/<name from config>)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. arch=mamba lr=1e-3")
 
 
 def _add_sweep(sub) -> None:
-    p = _command(sub, "sweep", "train a grid of models", _cmd_sweep)
+    p = _command(sub, "sweep", "train a grid of models", commands.sweep)
     p.add_argument("file", help="YAML sweep file (base + grid)")
     p.add_argument("--out", help="sweep folder (default: runs/<file stem>)")
     p.add_argument(
@@ -342,7 +161,7 @@ def _add_data(sub) -> None:
     data = sub.add_parser("data", help="task data tools").add_subparsers(
         dest="data_command", required=True
     )
-    p = _command(data, "stats", "document length and distance statistics", _cmd_data_stats)
+    p = _command(data, "stats", "document length and distance statistics", commands.data_stats)
     p.add_argument(
         "--task", nargs="+", default=["ar"], help="task names or import paths (ar, atr, mqar, ...)"
     )
@@ -358,7 +177,7 @@ def _add_data(sub) -> None:
     p.add_argument("overrides", nargs="*", help="task options as key=value")
 
 
-# How `mecheval evaluate` takes each EvaluateConfig field: its flag is `_flag(field)`, its
+# How `mecheval evaluate` takes each EvaluateConfig field: its flag is `commands.flag(field)`, its
 # default the field's; these are the rest of its argparse keywords.
 _EVALUATE_FLAGS: dict[str, dict] = {
     "split": {"help": "dev or test"},
@@ -377,7 +196,7 @@ _EVALUATE_FLAGS: dict[str, dict] = {
 
 def _add_evaluate(sub) -> None:
     help = "run the intervention grids (or another kind of intervention) of trained runs"
-    p = _run_options(sub, "evaluate", help, _cmd_evaluate, EvaluateConfig, _EVALUATE_FLAGS)
+    p = _run_options(sub, "evaluate", help, commands.evaluate, EvaluateConfig, _EVALUATE_FLAGS)
     p.add_argument(
         "--kind",
         default="grid",
@@ -406,7 +225,7 @@ def _name_list(text: str) -> list[str]:
     return [part for part in text.split(",") if part]
 
 
-# How `mecheval das` takes each DasOptions field (its flag `_flag(field)`, its default the
+# How `mecheval das` takes each DasOptions field (its flag `commands.flag(field)`, its default the
 # field's): the rest of its argparse keywords.
 _DAS_FLAGS: dict[str, dict] = {
     "sites": {
@@ -435,64 +254,26 @@ _DAS_FLAGS: dict[str, dict] = {
 
 def _add_das(sub) -> None:
     help = "distributed alignment search: in how many dimensions the answer lives"
-    _run_options(sub, "das", help, _cmd_das, DasOptions, _DAS_FLAGS)
+    _run_options(sub, "das", help, commands.das, DasOptions, _DAS_FLAGS)
 
 
 def _add_report(sub) -> None:
-    p = _command(sub, "report", "write the Markdown/HTML report of evaluated runs", _cmd_report)
+    p = _command(sub, "report", "write the Markdown/HTML report of evaluated runs", commands.report)
     p.add_argument("path", help="a run folder or a sweep folder")
     p.add_argument("--out", help="report folder (default: PATH/report)")
     _allow_code_change(p)
 
 
 def _add_run(sub) -> None:
-    p = _command(sub, "run", "the main job: train, evaluate, report", _cmd_run)
+    p = _command(sub, "run", "the main job: train, evaluate, report", commands.run)
     p.add_argument("config", nargs="?", help="YAML run config (default: the CPU quickstart)")
     p.add_argument("--out", default="runs/main", help="output folder")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. workers=4")
 
 
-def _cmd_evaluate_pretrained(args: argparse.Namespace) -> int:
-    from mecheval.evaluation.evaluate import evaluation_summary
-    from mecheval.evaluation.pretrained import evaluate_pretrained
-    from mecheval.run_folder.files import read_result
-
-    if args.path is not None or args.task is None or args.out is None:
-        raise ConfigError("--model takes --task FILE and --out DIR, and no run folder")
-    if getattr(args, "kind", "grid") != "grid":
-        raise ConfigError("--model runs the interchange grid alone (no --kind)")
-    options = {field.name: getattr(args, field.name) for field in fields(EvaluateConfig)}
-    try:
-        table = evaluate_pretrained(
-            args.model, args.task, _folder(Path(args.out)), eval_size=args.eval_size,
-            dtype=args.dtype, force=args.force, **options,
-        )  # fmt: skip
-    except OptionError as error:
-        raise error.renamed(_flag) from None
-    result = read_result(args.out)
-    model = result["config"]["model"]
-    print(
-        f"{args.out}: {args.model} ({model['arch']}, {model['n_layers']} layers, "
-        f"{result['num_params']:,} parameters): dev accuracy {result['dev_accuracy']:.4f}, "
-        f"test accuracy {result['test_accuracy']:.4f}"
-    )
-    print(evaluation_summary(args.out))
-    print(f"evaluated 1 pretrained model: {len(table)} cells x examples")
-    return 0
-
-
-def _evaluate_or_pretrained(args: argparse.Namespace) -> int:
-    """`mecheval evaluate`: of run folders, or, with --model, of a pretrained checkpoint."""
-    if args.model is None:
-        if args.path is None:
-            raise ConfigError("evaluate takes a run or sweep folder (or --model, --task, --out)")
-        return args.evaluate(args)
-    return _cmd_evaluate_pretrained(args)
-
-
 def _add_pretrained(p: argparse.ArgumentParser) -> None:
     """`mecheval evaluate`'s flags for a pretrained checkpoint (docs/pretrained.md)."""
-    p.set_defaults(evaluate=p.get_default("func"), func=_evaluate_or_pretrained)
+    p.set_defaults(evaluate=p.get_default("func"), func=commands.evaluate_or_pretrained)
     p.add_argument("--model", help="a pretrained checkpoint: hf:FOLDER or hf:HUB_ID")
     p.add_argument("--task", help="with --model: a YAML file of the prompts task's options")
     p.add_argument("--out", help="with --model: the run folder to write")

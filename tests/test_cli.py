@@ -1,98 +1,94 @@
-"""Probes: `report` on a mistyped path creates nothing; report.html escapes names taken from run
-folders; `--retries -1` is refused; files get the user's umask; temporaries left by a kill are
-cleaned when the run resumes."""
+"""Probes: the CLI ends every error a user can fix in one line naming it and a non-zero exit (a
+folder in use, `--out` under a regular file or on one, MECHEVAL_CACHE naming a file); a bug gets
+one line saying so, and its traceback only with `--debug`."""
 
 from __future__ import annotations
-
-import os
-import shutil
-import stat
 
 import pytest
 
 from mecheval import cli
 from mecheval.config import ConfigError
-from mecheval.evaluation.report import build_report
-from mecheval.io import atomic_write_text
-from mecheval.sweep import expand_sweep, run_sweep
+from mecheval.io import exclusive_lock
 from mecheval.train.loop import train
-from tests.helpers import tiny
+from tests.helpers import TINY, cli_line, tiny
 
 pytestmark = pytest.mark.reliability
 
 
-def test_report_on_a_mistyped_path_creates_no_folder(tmp_path, capsys):
-    missing = tmp_path / "runs" / "mian"
-    with pytest.raises(FileNotFoundError, match="no finished run"):
-        build_report(missing)
-    assert cli.main(["report", str(missing)]) == 1
-    assert "no finished run" in capsys.readouterr().err
-    assert not (tmp_path / "runs").exists()
+def test_a_second_train_on_a_folder_in_use_is_one_line(tmp_path, capsys):
+    out = tmp_path / "run"
+    with exclusive_lock(out / ".lock"):  # as a first `mecheval train` holds it
+        code, line = cli_line(["train", "--out", str(out), *TINY, "steps=2"], capsys)
+    assert code == 1
+    assert line == f"mecheval: error: {out} is in use by another process"
+    assert not (out / "result.json").exists()
 
 
-def test_report_html_escapes_a_run_folder_named_with_a_script_tag(tmp_path):
-    train(tiny("steps=2"), tmp_path / "runs" / "plain")
-    evil = "x<script>alert(1)<"
-    shutil.copytree(tmp_path / "runs" / "plain", tmp_path / "runs" / evil)
-    out = build_report(tmp_path / "runs")
-    page = (out / "report.html").read_text()
-    assert "<script" not in page.lower()
-    assert "x&lt;script&gt;alert(1)&lt;" in page
-
-
-def test_negative_retries_are_refused(tmp_path, capsys):
+@pytest.mark.parametrize("command", ["train", "sweep", "run", "report"])
+def test_out_under_a_regular_file_is_one_line(tmp_path, capsys, command):
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("not a folder")
+    out = blocker / "runs"
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text("base: {steps: 1}\ngrid: {seed: [1]}\n")
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(["sweep", str(sweep), "--out", str(tmp_path / "out"), "--retries", "-1"])
-    assert exit_.value.code == 2
-    assert "--retries: must be >= 0, got -1" in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()
-    runs = expand_sweep({"base": {"steps": 1}, "grid": {"seed": [1]}})
-    with pytest.raises(ConfigError, match="retries must be >= 0, got -1"):
-        run_sweep(runs, tmp_path / "out", retries=-1, progress=False)
-    with pytest.raises(ConfigError, match="workers must be >= 1, got 0"):
-        run_sweep(runs, tmp_path / "out", workers=0, progress=False)
+    arguments = {
+        "train": ["train", *TINY, "steps=2"],
+        "sweep": ["sweep", str(sweep)],
+        "run": ["run"],
+        "report": ["report", str(tmp_path)],
+    }[command]
+    code, line = cli_line([*arguments, "--out", str(out)], capsys)
+    assert code == 2
+    assert line == (
+        f"mecheval: config error: --out: {out} lies under {blocker}, which is a file; give a folder"
+    )
 
 
-@pytest.mark.parametrize("umask", [0o022, 0o027])
-def test_written_files_get_the_users_umask(tmp_path, umask):
-    previous = os.umask(umask)
-    try:
-        atomic_write_text(tmp_path / "a.txt", "x")
-        run = tmp_path / "run"
-        train(tiny("steps=2"), run)
-    finally:
-        os.umask(previous)
-    expected = 0o666 & ~umask
-    for path in [
-        tmp_path / "a.txt",
-        run / "result.json",
-        run / "config.yaml",
-        run / "metrics.parquet",
-        run / "checkpoints" / "latest",
-        run / "checkpoints" / "step_000000002" / "model.safetensors",
-    ]:
-        assert stat.S_IMODE(path.stat().st_mode) == expected, path
-    cached = list((tmp_path / "cache").rglob("*.safetensors"))  # the task's dataset cache
-    assert cached and all(stat.S_IMODE(p.stat().st_mode) == expected for p in cached)
-
-
-def test_temporaries_left_by_a_kill_are_removed_on_resume(tmp_path):
+def test_report_out_on_an_existing_file_is_one_line(tmp_path, capsys):
     run = tmp_path / "run"
-    train(tiny(), run)
-    (run / "result.json").unlink()
-    strays = [
-        run / ".tmp-result.json-abc123",  # this version's atomic writes
-        run / ".metrics.parquet.x1y2.tmp",  # earlier versions' atomic writes
-        run / "checkpoints" / ".tmp-latest-zz9",
-    ]
-    for path in strays:
-        path.write_text("half")
-    (run / "checkpoints" / ".tmp-step_000000010-4242").mkdir()
-    (run / "checkpoints" / ".tmp-step_000000010-4242" / "model.safetensors").write_text("x")
-    train(tiny(), run)
-    for path in [*strays, run / "checkpoints" / ".tmp-step_000000010-4242"]:
-        assert not path.exists(), path
-    left = [p.name for p in [*run.iterdir(), *(run / "checkpoints").iterdir()]]
-    assert not [name for name in left if "tmp" in name]
+    train(tiny("steps=2"), run)
+    target = tmp_path / "report.md"
+    target.write_text("an older report")
+    code, line = cli_line(["report", str(run), "--out", str(target)], capsys)
+    assert code == 2
+    assert line == f"mecheval: config error: --out: {target} is a file; give a folder"
+    assert target.read_text() == "an older report"
+
+
+@pytest.mark.parametrize("where", ["file", "under-file"])
+def test_a_cache_that_is_a_file_is_one_line_and_trains_nothing(
+    tmp_path, capsys, monkeypatch, where
+):
+    blocker = tmp_path / "cache"
+    blocker.write_text("not a folder")
+    cache = blocker if where == "file" else blocker / "tasks"
+    monkeypatch.setenv("MECHEVAL_CACHE", str(cache))
+    out = tmp_path / "run"
+    code, line = cli_line(["train", "--out", str(out), *TINY, "steps=2"], capsys)
+    assert code == 1
+    problem = "is a file" if where == "file" else f"lies under {blocker}, which is a file"
+    assert line == (
+        f"mecheval: error: MECHEVAL_CACHE={cache} {problem}; the dataset cache needs a folder "
+        "(set MECHEVAL_CACHE to one)"
+    )
+    assert not out.exists()
+
+
+def test_a_bug_is_one_line_and_its_traceback_only_with_debug(tmp_path, capsys, monkeypatch):
+    def broken(path, out=None, allow_code_change=False):
+        raise TypeError("an unexpected argument")
+
+    monkeypatch.setattr("mecheval.evaluation.report.build_report", broken)
+    code, line = cli_line(["report", str(tmp_path)], capsys)
+    assert code == 3
+    assert line == (
+        "mecheval: internal error (a bug; please report it): TypeError: an unexpected "
+        "argument. Run again with --debug for its traceback."
+    )
+    with pytest.raises(TypeError, match="an unexpected argument"):
+        cli.main(["--debug", "report", str(tmp_path)])
+
+
+def test_debug_shows_an_expected_error_as_it_is_raised(tmp_path):
+    with pytest.raises(ConfigError, match="seed: must be >= 0, got -5"):
+        cli.main(["--debug", "evaluate", str(tmp_path), "--seed", "-5"])
