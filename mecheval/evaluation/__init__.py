@@ -12,10 +12,13 @@ analysis -> findings -> report):
     shipped        the measured tables shipped as CSV beside the modules
     study_numbers  the study's own accuracies, and whether a run is at its scale
     findings       the study's five findings, judged on the analysis' tables
+    results        the finished runs' table; the best learning rate of each model, the
+                   study's accuracy and the seeds' spread beside it
     svg_figure     a figure written as PNG and as inline SVG with values on hover
     plots          the report's figures
     overview       the report's first figure: architecture by read-out, the findings beside
-    display        how tables show in the report: cell text, splits, the findings' evidence
+    display        how tables show in the report: cell text, splits, the findings' evidence,
+                   read-outs with their intervals
     report_html    report.html: one page, no server, no script
     report         build_report: Markdown, HTML, PNG and Parquet
 

@@ -9,7 +9,7 @@
     formation_steps(table)          per run: the first step each mechanism reaches 0.5
     distance_table(best)            accuracy and read-outs by key-to-query distance
 
-`best` and `results` are the report's tables (mecheval.evaluation.report.collect_results /
+`best` and `results` are the report's tables (mecheval.evaluation.results.collect_results /
 best_runs): one row per run with its path, identity (task, arch, d_model, n_layers, lr, seed)
 and accuracies.
 """

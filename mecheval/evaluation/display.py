@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from mecheval.evaluation.findings import PRECEDENCE
+from mecheval.evaluation.over_training import CONV_POSITIONS, parse_conv_column
+from mecheval.evaluation.plots import two_places
 
 # Columns of counts, steps and sizes: shown as integers even when stored as floats with gaps.
 INTEGER_COLUMNS = {
@@ -95,3 +97,61 @@ def evidence_lines(ours: str) -> list[tuple[str, str, list[str]]]:
 def short_line(line: str) -> str:
     """One model's evidence without its intervals, its seeds as "(2 of 3 seeds)"."""
     return _INTERVAL.sub("", _SEEDS.sub(r" (\1 seeds)", line))
+
+
+def _with_interval(frame: pd.DataFrame, name: str) -> pd.Series:
+    def cell(row: pd.Series) -> str:
+        value = row.get(name)
+        if value is None or pd.isna(value):
+            return ""
+        text = two_places(value)
+        low = row.get(f"{name}_low")
+        if low is not None and not pd.isna(low):
+            text += f" [{two_places(low)}, {two_places(row[f'{name}_high'])}]"
+        seeds_low = row.get(f"{name}_seeds_low")
+        if seeds_low is not None and not pd.isna(seeds_low):
+            text += f" seeds [{two_places(seeds_low)}, {two_places(row[f'{name}_seeds_high'])}]"
+        return text
+
+    return frame.apply(cell, axis=1)
+
+
+def mechanism_display(evidence: pd.DataFrame) -> pd.DataFrame:
+    """The evaluated rows of the evidence, read-outs shown with their intervals."""
+    if evidence.empty or "mechanism" not in evidence:
+        return pd.DataFrame()
+    shown = evidence[evidence["mechanism"].notna()]
+    names = [c for c in shown if f"{c}_low" in shown and parse_conv_column(c) is None]
+    columns = {c: shown[c] for c in ("setting", "arch", "d_model", "n_layers", "dev_accuracy")}
+    columns.update({name: _with_interval(shown, name) for name in names})
+    columns["mechanism"] = shown["mechanism"]
+    columns["seeds"] = shown["seeds"]
+    return pd.DataFrame(columns)
+
+
+def conv_display(evidence: pd.DataFrame) -> pd.DataFrame:
+    """One row per evaluated run and short conv (in run, layer, conv order): its read-outs at
+    the value and the two positions after it, with their intervals."""
+    convs = {}  # (site, layer) -> {position: column}
+    for name in evidence:
+        parsed = parse_conv_column(name)
+        if parsed and f"{name}_low" in evidence:
+            site, layer, position = parsed
+            convs.setdefault((layer, site), {})[position] = name
+    frames = []
+    for (layer, site), columns in sorted(convs.items()):
+        shown = evidence.dropna(subset=list(columns.values()), how="all")
+        if shown.empty:
+            continue
+        frame = shown[["setting", "arch", "d_model", "dev_accuracy"]].copy()
+        frame["run_order"] = shown.index
+        frame["layer"] = layer
+        frame["conv"] = site.removesuffix("_output")
+        for position in CONV_POSITIONS:
+            name = columns.get(position)
+            frame[position] = _with_interval(shown, name) if name else ""
+        frames.append(frame)
+    if not frames:
+        return pd.DataFrame()
+    table = pd.concat(frames).sort_values(["run_order", "layer", "conv"], kind="stable")
+    return table.drop(columns=["run_order"]).reset_index(drop=True)

@@ -31,7 +31,6 @@ stored table that cannot be read stops the report with an error naming it.
 from __future__ import annotations
 
 import html
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +42,6 @@ from mecheval.evaluation.analysis import (
     formation_steps,
     key_grid,
     over_training_table,
-    same_configuration,
     seed_runs,
 )
 from mecheval.evaluation.das_tables import (
@@ -53,29 +51,39 @@ from mecheval.evaluation.das_tables import (
     iia_table,
     k_star_table,
 )
-from mecheval.evaluation.display import Section, by_setting, cell_text, evidence_lines, short_line
+from mecheval.evaluation.display import (
+    Section,
+    by_setting,
+    cell_text,
+    conv_display,
+    evidence_lines,
+    mechanism_display,
+    short_line,
+)
 from mecheval.evaluation.findings import findings_table
 from mecheval.evaluation.kind_report import kind_sections
-from mecheval.evaluation.over_training import CONV_POSITIONS, parse_conv_column
 from mecheval.evaluation.overview import write_overview
 from mecheval.evaluation.plots import (
     heatmap,
     heatmap_name,
     iia_vs_k,
     over_training,
-    two_places,
     value_vs_query,
 )
 from mecheval.evaluation.report_html import Page, write_html
-from mecheval.evaluation.study_numbers import at_study_scale, study_accuracy
+from mecheval.evaluation.results import (
+    MODEL,
+    best_runs,
+    collect_results,
+    with_seed_spread,
+    with_study_accuracy,
+)
 from mecheval.interventions import MECHANISM_THRESHOLD, attrib, readout_cells
 from mecheval.io import atomic_write_parquet
-from mecheval.run_folder.files import INTERVENTIONS, read_result, read_table
+from mecheval.run_folder.files import INTERVENTIONS, read_table
 from mecheval.run_folder.provenance import check_code, evaluated_with
-from mecheval.run_folder.status import FINISHED, status_counts, status_table
-from mecheval.tasks import make_task
+from mecheval.run_folder.status import status_counts, status_table
 
-MODEL = ["task", "setting", "arch", "d_model", "n_layers"]
 OVERVIEW = "overview.png"
 OVERVIEW_NOTE = (
     "Which architecture uses which mechanism: the Attrib of restoring layer 1's block input at "
@@ -85,79 +93,6 @@ OVERVIEW_NOTE = (
     "evaluated models only. Beside each task, the study's findings and their verdicts (Findings). "
     "In report.html, hover a cell for its values; an architecture's name links to its heatmap."
 )
-
-
-def task_setting(task_section: dict, steps: int) -> str:
-    """A run's setting, readable: the task name, its non-default options and the run's length,
-    e.g. "ar(), 50,016 steps" (the study's AR as the study trains it) or "ar(num_pairs=4,
-    num_keys=16), 3,000 steps". Runs of one setting are compared (the best learning rate, the
-    findings); runs of another length are another setting."""
-    task = make_task(task_section["name"], **task_section.get("options", {}))
-    return f"{task.label()}, {steps:,} steps"
-
-
-def collect_results(folders: pd.DataFrame) -> pd.DataFrame:
-    """One row per finished run of `folders` (mecheval.run_folder.status.status_table): its identity
-    and accuracies."""
-    rows = []
-    for run in map(Path, folders.loc[folders["status"] == FINISHED, "path"]):
-        result = read_result(run)
-        config = result["config"]
-        rows.append(
-            {
-                "run": run.name,
-                "path": str(run),
-                "task": config["task"]["name"],
-                "setting": task_setting(config["task"], result["steps"]),
-                "task_label": json.dumps(config["task"], sort_keys=True),
-                "arch": config["model"]["arch"],
-                "d_model": config["model"]["d_model"],
-                "n_layers": config["model"]["n_layers"],
-                "lr": config["optim"]["lr"],
-                "seed": config["seed"],
-                "dev_accuracy": result["dev_accuracy"],
-                "test_accuracy": result["test_accuracy"],
-                "steps": result["steps"],
-                "study_scale": at_study_scale(
-                    config["task"]["name"], config["task"].get("options", {}), result["steps"]
-                ),
-                "wall_time_s": result["wall_time_s"],
-                "evaluated": (run / INTERVENTIONS).exists(),
-            }
-        )
-    return pd.DataFrame(rows)
-
-
-def best_runs(results: pd.DataFrame) -> pd.DataFrame:
-    """The run with the best dev accuracy per (task setting, arch, width, depth); ties: smaller
-    lr."""
-    ordered = results.sort_values(["dev_accuracy", "lr"], ascending=[False, True])
-    return ordered.groupby(MODEL, sort=False).head(1).sort_values(MODEL).reset_index(drop=True)
-
-
-def with_study_accuracy(frame: pd.DataFrame) -> pd.DataFrame:
-    """`frame` (one row per run, with task_label) plus the study's accuracy for the same
-    setting and the figure it is read from, where the study reports one."""
-    values, figures = [], []
-    for row in frame.itertuples():
-        options = json.loads(row.task_label).get("options", {})
-        hit = study_accuracy(row.task, options, row.arch, row.d_model, row.n_layers)
-        values.append(hit[0] if hit else float("nan"))
-        figures.append(hit[1] if hit else "")
-    return frame.assign(study=values, study_figure=figures)
-
-
-def with_seed_spread(frame: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
-    """`frame` (selected runs) plus, over every finished seed of each one's configuration
-    (mecheval.evaluation.analysis.same_configuration): `seeds`, and the dev accuracy's mean,
-    lowest and highest."""
-    spreads = []
-    for _, run in frame.iterrows():
-        dev = same_configuration(run, results)["dev_accuracy"]
-        spreads.append(
-            {"seeds": len(dev), "dev_mean": dev.mean(), "dev_min": dev.min(), "dev_max": dev.max()}
-        )
-    return pd.concat([frame, pd.DataFrame(spreads, index=frame.index)], axis=1)
 
 
 def corruption_note(best: pd.DataFrame) -> str:
@@ -175,64 +110,6 @@ def corruption_note(best: pd.DataFrame) -> str:
         for task, draws in seen.items()
     ]
     return "Corrupting tokens: " + (" | ".join(parts) if parts else "not recorded") + "."
-
-
-def _with_interval(frame: pd.DataFrame, name: str) -> pd.Series:
-    def cell(row: pd.Series) -> str:
-        value = row.get(name)
-        if value is None or pd.isna(value):
-            return ""
-        text = two_places(value)
-        low = row.get(f"{name}_low")
-        if low is not None and not pd.isna(low):
-            text += f" [{two_places(low)}, {two_places(row[f'{name}_high'])}]"
-        seeds_low = row.get(f"{name}_seeds_low")
-        if seeds_low is not None and not pd.isna(seeds_low):
-            text += f" seeds [{two_places(seeds_low)}, {two_places(row[f'{name}_seeds_high'])}]"
-        return text
-
-    return frame.apply(cell, axis=1)
-
-
-def mechanism_display(evidence: pd.DataFrame) -> pd.DataFrame:
-    """The evaluated rows of the evidence, read-outs shown with their intervals."""
-    if evidence.empty or "mechanism" not in evidence:
-        return pd.DataFrame()
-    shown = evidence[evidence["mechanism"].notna()]
-    names = [c for c in shown if f"{c}_low" in shown and parse_conv_column(c) is None]
-    columns = {c: shown[c] for c in ("setting", "arch", "d_model", "n_layers", "dev_accuracy")}
-    columns.update({name: _with_interval(shown, name) for name in names})
-    columns["mechanism"] = shown["mechanism"]
-    columns["seeds"] = shown["seeds"]
-    return pd.DataFrame(columns)
-
-
-def conv_display(evidence: pd.DataFrame) -> pd.DataFrame:
-    """One row per evaluated run and short conv (in run, layer, conv order): its read-outs at
-    the value and the two positions after it, with their intervals."""
-    convs = {}  # (site, layer) -> {position: column}
-    for name in evidence:
-        parsed = parse_conv_column(name)
-        if parsed and f"{name}_low" in evidence:
-            site, layer, position = parsed
-            convs.setdefault((layer, site), {})[position] = name
-    frames = []
-    for (layer, site), columns in sorted(convs.items()):
-        shown = evidence.dropna(subset=list(columns.values()), how="all")
-        if shown.empty:
-            continue
-        frame = shown[["setting", "arch", "d_model", "dev_accuracy"]].copy()
-        frame["run_order"] = shown.index
-        frame["layer"] = layer
-        frame["conv"] = site.removesuffix("_output")
-        for position in CONV_POSITIONS:
-            name = columns.get(position)
-            frame[position] = _with_interval(shown, name) if name else ""
-        frames.append(frame)
-    if not frames:
-        return pd.DataFrame()
-    table = pd.concat(frames).sort_values(["run_order", "layer", "conv"], kind="stable")
-    return table.drop(columns=["run_order"]).reset_index(drop=True)
 
 
 def _markdown(frame: pd.DataFrame) -> str:

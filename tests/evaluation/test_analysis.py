@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from mecheval.evaluation.analysis import seed_runs, seed_siblings
-from mecheval.evaluation.report import with_seed_spread
+from mecheval.evaluation.results import with_seed_spread
 
 pytestmark = pytest.mark.pipeline
 

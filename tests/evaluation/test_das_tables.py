@@ -12,7 +12,7 @@ import pandas as pd
 
 from mecheval import cli
 from mecheval.evaluation.das_tables import das_results, iia_table, k_star_table
-from mecheval.evaluation.report import best_runs
+from mecheval.evaluation.results import best_runs
 from mecheval.run_folder.files import DAS, DAS_BASES, DAS_STAMP, write_stamped
 from tests.helpers import TINY
 

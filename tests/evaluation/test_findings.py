@@ -19,7 +19,7 @@ from mecheval.evaluation.findings import (
     findings_table,
     smallest_settings,
 )
-from mecheval.evaluation.report import task_setting
+from mecheval.evaluation.results import task_setting
 from mecheval.evaluation.study_numbers import at_study_scale
 from mecheval.sweep import expand_sweep
 

@@ -162,7 +162,7 @@ def test_the_reports_conv_readouts_name_each_layers_conv():
     assert parse_conv_column("conv_value_low") is None
     assert parse_conv_column("direct_early") is None
 
-    from mecheval.evaluation.report import conv_display
+    from mecheval.evaluation.display import conv_display
 
     identity = {"setting": "ar()", "arch": "mix", "d_model": 64, "dev_accuracy": 0.9}
     table = conv_display(pd.DataFrame([identity | got]))

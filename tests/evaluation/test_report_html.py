@@ -15,7 +15,7 @@ from mecheval.evaluation.display import Section
 from mecheval.evaluation.findings import findings_table
 from mecheval.evaluation.overview import write_overview
 from mecheval.evaluation.plots import heatmap
-from mecheval.evaluation.report import conv_display, mechanism_display
+from mecheval.evaluation.display import conv_display, mechanism_display
 from mecheval.evaluation.report_html import Page, write_html
 from mecheval.interventions import readout_cells
 from tests.evaluation.browser import CHROMIUM, measure

@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from mecheval.evaluation.report import with_study_accuracy
+from mecheval.evaluation.results import with_study_accuracy
 from mecheval.evaluation.study_numbers import study_accuracy
 
 pytestmark = pytest.mark.pipeline
