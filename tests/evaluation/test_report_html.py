@@ -11,11 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mecheval.evaluation.display import Section
+from mecheval.evaluation.display import Section, conv_display, mechanism_display
 from mecheval.evaluation.findings import findings_table
 from mecheval.evaluation.overview import write_overview
 from mecheval.evaluation.plots import heatmap
-from mecheval.evaluation.display import conv_display, mechanism_display
 from mecheval.evaluation.report_html import Page, write_html
 from mecheval.interventions import readout_cells
 from tests.evaluation.browser import CHROMIUM, measure
