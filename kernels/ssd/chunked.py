@@ -52,6 +52,17 @@ def _segment_sums(a: torch.Tensor) -> torch.Tensor:
     return rows.cumsum(dim=-2).masked_fill(~on_or_below, -torch.inf)
 
 
+def _segment_rows(a: torch.Tensor, l: torch.Tensor | None = None) -> torch.Tensor:
+    """Row l of `_segment_sums(a)` alone: a (..., Q), l (...) -> (..., Q), [s] = a_{s+1} + ...
+    + a_l for s <= l, -inf after; l None: the last row (the decay from s to the chunk's end).
+    Each sum is taken directly, from the right."""
+    if l is not None:
+        after = torch.arange(a.shape[-1], device=a.device) > l[..., None]
+        a = a.masked_fill(after, 0.0)
+    rows = F.pad(a.flip(-1).cumsum(-1).flip(-1)[..., 1:], (0, 1))
+    return rows if l is None else rows.masked_fill(after, -torch.inf)
+
+
 def _pad_positions(t: torch.Tensor, pad: int) -> torch.Tensor:
     """Zeros appended on axis 1 (positions): no input and no decay there."""
     if not pad:
@@ -106,10 +117,10 @@ def ssd_chunked(a: Inputs, chunk_size: int | None = None) -> tuple[torch.Tensor,
     """Mamba-2's scan on inputs validated by `mecheval_kernels.mamba2_scan`: (out (B, L, H, P) in
     x's dtype, final state (B, H, P, N) in the compute dtype: float32, float64 for float64 x)."""
     if _all_finite(a.x, a.dt, a.B, a.C, a.z):
-        return _ssd_finite(a, chunk_size)
+        return _ssd_finite(a, chunk_size)[:2]
     (x, bad_x), (dt, bad_dt), (z, bad_z) = _zeroed(a.x), _zeroed(a.dt), _zeroed(a.z)
     (B, bad_B), (C, bad_C) = _zeroed(a.B), _zeroed(a.C)
-    out, state = _ssd_finite(a._replace(x=x, dt=dt, B=B, C=C, z=z), chunk_size)
+    out, state, _ = _ssd_finite(a._replace(x=x, dt=dt, B=B, C=C, z=z), chunk_size)
     # From t on: rows p of the state (B, L, H, P) for x and dt, its columns (B, L, H, N) for
     # B; an output reads every column.
     per_head = x.shape[2] // B.shape[2]
@@ -123,8 +134,34 @@ def ssd_chunked(a: Inputs, chunk_size: int | None = None) -> tuple[torch.Tensor,
     return out, state.masked_fill(final, torch.nan)
 
 
-def _ssd_finite(inputs: Inputs, chunk_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`ssd_chunked` on finite x, dt, B, C and z."""
+def finite_inputs(a: Inputs) -> bool:
+    """Whether x, dt, B, C and z are known to be all finite (see `_all_finite`)."""
+    return _all_finite(a.x, a.dt, a.B, a.C, a.z)
+
+
+def ssd_chunked_states(
+    a: Inputs,
+    chunk_size: int | None,
+    states_at: torch.Tensor | None,
+    out_at: torch.Tensor | None = None,
+    final: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """`ssd_chunked` on inputs that are all finite (`finite_inputs`), with the states after
+    `states_at` (B, K) (B, K, H, P, N), each formed from the state entering its chunk and the
+    chunk's inputs up to it; with `out_at` (B,) the output at that position of each row alone
+    (B, 1, H, P), its chunk's row of the masked matrix and the state entering the chunk; the
+    final state None unless `final`."""
+    return _ssd_finite(a, chunk_size, states_at, out_at, final)
+
+
+def _ssd_finite(
+    inputs: Inputs,
+    chunk_size: int | None,
+    states_at: torch.Tensor | None = None,
+    out_at: torch.Tensor | None = None,
+    final: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """`ssd_chunked` on finite x, dt, B, C and z (see `ssd_chunked_states`)."""
     x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states = inputs
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     batch, length, heads, P = x.shape
@@ -141,33 +178,58 @@ def _ssd_finite(inputs: Inputs, chunk_size: int | None) -> tuple[torch.Tensor, t
     a = a.permute(0, 1, 3, 4, 2)  # (B, c, G, R, Q)
     B_c = _pad_positions(B.to(compute), pad).view(batch, chunks, Q, groups, N)
     C_c = _pad_positions(C.to(compute), pad).view(batch, chunks, Q, groups, N)
-
-    # Within each chunk: the masked (C B^T) * decay matrix applied to dt x.
-    segments = _segment_sums(a)  # (B, c, G, R, Q, Q)
-    scores = torch.einsum("bclgn,bcsgn->bcgls", C_c, B_c)[:, :, :, None] * torch.exp(segments)
-    y = torch.einsum("bcgrls,bcsgrp->bclgrp", scores, xdt)
-
-    # Each chunk's own contribution to the state at its end, then the states entering each
-    # chunk, carried from chunk to chunk.
-    to_end = torch.exp(segments[..., -1, :])  # (B, c, G, R, Q): decay from s to the chunk's end
-    own = torch.einsum("bcsgn,bcgrs,bcsgrp->bcgrpn", B_c, to_end, xdt)
     from_start = torch.exp(a.cumsum(dim=-1))  # decay from the chunk's start to l (inclusive)
+
+    # The states entering each chunk, carried from chunk to chunk with each chunk's own
+    # contribution to the state at its end (not formed where nothing reads it).
     if initial_states is None:
         state = x_c.new_zeros(batch, groups, per_group, P, N)
     else:
         state = initial_states.to(compute).reshape(batch, groups, per_group, P, N)
-    entering = []
-    for c in range(chunks):
-        entering.append(state)
-        state = from_start[:, c, :, :, -1, None, None] * state + own[:, c]
-    entering = torch.stack(entering, dim=1)  # (B, c, G, R, P, N)
-    carried = torch.einsum("bclgn,bcgrpn->bclgrp", C_c, entering)
-    y = y + carried * from_start.permute(0, 1, 4, 2, 3)[..., None]
+    entering = [state]
+    if chunks > 1 or final:
+        to_end = torch.exp(_segment_rows(a))  # (B, c, G, R, Q): decay from s to the end
+        own = torch.einsum("bcsgn,bcgrs,bcsgrp->bcgrpn", B_c, to_end, xdt)
+        for c in range(chunks):
+            state = from_start[:, c, :, :, -1, None, None] * state + own[:, c]
+            entering.append(state)
+    entering = torch.stack(entering[:chunks], dim=1)  # (B, c, G, R, P, N)
+    started = initial_states is not None or chunks > 1  # whether any state enters a chunk
 
-    out = y.reshape(batch, chunks * Q, heads, P)[:, :length]
+    rows = torch.arange(batch, device=x.device)
+    if out_at is None:
+        # Within each chunk: the masked (C B^T) * decay matrix applied to dt x.
+        segments = torch.exp(_segment_sums(a))  # (B, c, G, R, Q, Q)
+        scores = torch.einsum("bclgn,bcsgn->bcgls", C_c, B_c)[:, :, :, None] * segments
+        y = torch.einsum("bcgrls,bcsgrp->bclgrp", scores, xdt)
+        if started:
+            carried = torch.einsum("bclgn,bcgrpn->bclgrp", C_c, entering)
+            y = y + carried * from_start.permute(0, 1, 4, 2, 3)[..., None]
+        out, x_out, z_out = y.reshape(batch, chunks * Q, heads, P)[:, :length], x_c, z
+    else:  # the chunk's row of the masked matrix at each row's position alone
+        c, l = out_at // Q, out_at % Q
+        query = C_c[rows, c, l]  # (B, G, N)
+        scores = torch.einsum("bgn,bsgn->bgs", query, B_c[rows, c])[:, :, None]
+        scores = scores * torch.exp(_segment_rows(a[rows, c], l[:, None, None]))  # (B, G, R, Q)
+        y = torch.einsum("bgrs,bsgrp->bgrp", scores, xdt[rows, c])
+        if started:
+            carried = torch.einsum("bgn,bgrpn->bgrp", query, entering[rows, c])
+            y = y + carried * from_start[rows, c, :, :, l][..., None]
+        out, x_out = y.reshape(batch, 1, heads, P), x_c[rows, out_at][:, None]
+        z_out = None if z is None else z[rows, out_at][:, None]
     if D is not None:
         skip = D.to(compute)
-        out = out + (skip[:, None] if skip.dim() == 1 else skip) * x_c
-    if z is not None:
-        out = out * F.silu(z.to(compute))
-    return out.to(x.dtype), state.reshape(batch, heads, P, N)
+        out = out + (skip[:, None] if skip.dim() == 1 else skip) * x_out
+    if z_out is not None:
+        out = out * F.silu(z_out.to(compute))
+    states = None
+    if states_at is not None:  # state_t = decay(start..t) entering_c + the chunk's inputs to t
+        rows, c, l = rows[:, None], states_at // Q, states_at % Q
+        decays = torch.exp(_segment_rows(a[rows, c], l[..., None, None]))  # (B, K, G, R, Q)
+        weighted = xdt[rows, c].permute(0, 1, 3, 4, 5, 2) * decays[..., None, :]  # (.., R, P, Q)
+        keys = B_c[rows, c].transpose(2, 3)  # (B, K, G, Q, N)
+        inside = (weighted.flatten(3, 4) @ keys).view(*weighted.shape[:-1], N)
+        entered = from_start[rows, c, :, :, l][..., None, None] * entering[rows, c]
+        states = (entered + inside).reshape(batch, -1, heads, P, N)
+    last = state.reshape(batch, heads, P, N) if final else None
+    return out.to(x.dtype), last, states

@@ -281,12 +281,16 @@ class LanguageModel(nn.Module):
         mixers (only the SSM state for Mamba, only d N for H3); each mixer's `state_size` says
         which.
         """
+        return sum(self.layer_state_sizes(sequence_length))
+
+    def layer_state_sizes(self, sequence_length: int | None = None) -> list[int]:
+        """`state_size`'s terms, one per layer."""
         length = self.config.max_len if sequence_length is None else sequence_length
-        total = 0
+        sizes = []
         for i, block in enumerate(self.layers):
             size = block.mixer.state_size(length)
-            total += self._context_floats(length)[i] if size is None else size
-        return total
+            sizes.append(self._context_floats(length)[i] if size is None else size)
+        return sizes
 
     def context_size(self, sequence_length: int) -> int:
         """Floats of the contexts a sequence run in segments carries after `sequence_length`

@@ -422,6 +422,40 @@ def test_mamba2_step_size_limit_is_honoured_at_positions():
     assert not torch.allclose(unclamped, out, atol=1e-3)
 
 
+@pytest.mark.parametrize("chunk", [64, 4, 1], ids=["one_chunk", "chunks", "steps"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_mamba2_states_and_patches_across_chunks(chunk, dtype):
+    """Mamba-2's chunked form: states read from the state entering their chunk, the output at
+    one position per row from its chunk's row, a patched state as the scan plus its
+    closed-form jump, across chunk boundaries (one chunk, chunks
+    of 4 and of 1), in float32 and float64; with a position whose step is large (a decay of
+    exp(-40)) to show the jump's decay is summed, not differenced."""
+    spec = SPECS[1]
+    x = {k: v.to(dtype) if isinstance(v, torch.Tensor) else v for k, v in spec.inputs(7).items()}
+    x["dt"][:, 5] = 20.0
+    read = torch.tensor([[10, 0, 4], [3, 7, 3], [1, 1, 9]])
+    ref_out, ref_final, ref_states = spec.ref(x, read)
+    got = spec.at(**x, chunk_size=chunk, states_at=read, return_final_state=True)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(got.states, ref_states, **tol)
+    torch.testing.assert_close(got.final_state, ref_final, **tol)
+    one = torch.tensor([3, 10, 6])
+    alone = spec.at(**x, chunk_size=chunk, out_at=one)
+    torch.testing.assert_close(alone.out, _picked(spec, ref_out, one), **tol)
+    positions = torch.tensor([3, 8, 0])
+    values = torch.randn(ref_final.shape, dtype=dtype, generator=torch.Generator().manual_seed(5))
+    want_out, want_final, want_states = _patched_oracle(spec, x, positions, values)
+    patched = spec.at(
+        **x, chunk_size=chunk, states_at=read, state_patch=(positions, values),
+        return_final_state=True,
+    )  # fmt: skip
+    torch.testing.assert_close(patched.out, want_out, **tol)
+    torch.testing.assert_close(patched.final_state, want_final, **tol)
+    torch.testing.assert_close(patched.states, want_states[ROWS[:, None], read], **tol)
+    picked = spec.at(**x, chunk_size=chunk, out_at=one, state_patch=(positions, values))
+    torch.testing.assert_close(picked.out, _picked(spec, want_out, one), **tol)
+
+
 @pytest.mark.parametrize("layout", ["fixed", "var", "group"])
 @pytest.mark.parametrize("small_tiles", [False, True], ids=["one_tile", "tiles_and_chunks"])
 def test_selective_scan_one_pass_across_tiles_and_chunks(monkeypatch, layout, small_tiles):
