@@ -65,6 +65,7 @@ from mecheval.interventions.plan import (
     check_batch,
     plan_grid,
     select_sites,
+    states_per_row,
 )
 from mecheval.tasks import Batch
 
@@ -148,11 +149,10 @@ def _sources(model, plan: GridPlan, batch: Batch) -> tuple[dict, torch.Tensor]:
     ordinary = [r for r in refs if r.short != "state"]
     states = [r for r in refs if r.short == "state"]
     # States are read at each row's patched positions in the same pass (a scan that also
-    # returns them), unless the states read and every state of one layer's scan over the
-    # documents (a scan may form them all) would not fit in memory.
-    sizes = model.layer_state_sizes(length)
-    held = n * (len(plan.labels) * sum(sizes) + length * max(sizes))
-    per_row = bool(states) and 4 * held <= plan.memory_budget // 2
+    # returns them) where they fit.
+    per_row = bool(states) and states_per_row(
+        model, n, length, len(plan.labels), plan.memory_budget
+    )
     reads = {r.name: None for r in ordinary}
     if per_row:
         at = positions.view(len(plan.labels), n).T  # (n, P): cells are label-major

@@ -291,11 +291,18 @@ def _held_memory(
     base = 4 * n * needed * model.config.d_model * len(base_reads(refs))
     ordinary = sum(w for name, w in widths.items() if name not in states)
     clean_run = sources + 4 * n * length * ordinary + n * _bytes_per_row(model, length)
-    # States that would not fit in half the budget at every position are read in a second
-    # pass over the P n stacked documents (grid.py's _sources).
-    if states and 4 * n * length * model.state_size(length) > budget // 2:
+    # Else states are read in a second pass over the P n stacked documents (grid.py's _sources).
+    if states and not states_per_row(model, n, length, labels, budget):
         clean_run += labels * n * _bytes_per_row(model, length)
     return sources, base, clean_run
+
+
+def states_per_row(model, n: int, length: int, labels: int, budget: int) -> bool:
+    """Whether the clean run can read the state sources at each row's `labels` patched
+    positions in its one pass: the states read, and every state of one layer's scan over the
+    n documents (a scan may form them all), fit in half the budget."""
+    sizes = model.layer_state_sizes(length)
+    return 4 * n * (labels * sum(sizes) + length * max(sizes)) <= budget // 2
 
 
 def documents_per_call(

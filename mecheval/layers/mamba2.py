@@ -189,9 +189,9 @@ class Mamba2(MambaBase):
             torch.ones(self.d_inner if self.D_has_hdim else self.nheads, device=device)
         )
 
-    # Contexts come from a base run in segments: a pass that also reads the states runs the
-    # scan in its selective-scan form, slower than the chunked SSD of the segments (the named
-    # grid 10.7 -> 11.5 s, benchmarks/grid_speedups.py setup, one thread).
+    # Contexts come from a base run in segments: a pass that also reads the states at every
+    # resume point measured slower (the named grid 1.9 -> 2.4 CPU s, benchmarks/grid_speedups.py
+    # setup, one thread).
     context_sites = None
 
     def scan_inputs(self, hidden_states, windows, state, resume) -> tuple:
