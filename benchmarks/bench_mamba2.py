@@ -18,6 +18,7 @@ import torch
 
 from benchmarks.common import DEVICE, DTYPE, installed, run_benchmark
 from mecheval_kernels import mamba2_scan
+from mecheval_kernels.scan_at import Asked
 from mecheval_kernels.ssd import mamba2_scan_ref
 from mecheval_kernels.ssd.chunked import Inputs
 from mecheval_kernels.ssd.op import on_selective_scan
@@ -33,7 +34,7 @@ SHAPES = {
 
 def _as_selective_scan(x, dt, A, B, C, D, z, dt_bias, dt_softplus, backend):
     inputs = Inputs(x, dt, A, B, C, D, z, dt_bias, dt_softplus, None)
-    return on_selective_scan(inputs, backend).out
+    return on_selective_scan(inputs, backend, Asked()).out
 
 
 def _ours(x, dt, A, B, C, D, z, dt_bias, dt_softplus, backend):

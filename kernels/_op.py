@@ -139,8 +139,12 @@ class Op:
     def runs_plain(self, a: tuple) -> bool:
         """Whether a call on `a` runs eagerly with no backward to come (not compiled, not under
         `torch.vmap`, no gradient): an implementation may then skip its saved buffers."""
-        compiled = torch.compiler.is_compiling() or any(is_batched(t) for t in a)
-        return not compiled and not needs_grad(a)
+        return self.eager(a) and not needs_grad(a)
+
+    @staticmethod
+    def eager(a: tuple) -> bool:
+        """Whether a call on `a` runs eagerly: not compiled, not under `torch.vmap`."""
+        return not (torch.compiler.is_compiling() or any(is_batched(t) for t in a))
 
     def _vmap(self, info, in_dims, *inputs):
         """The vmap rule: one call on the inputs with the model axis folded in (see

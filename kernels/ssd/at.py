@@ -1,13 +1,14 @@
 """`at_positions_of_mamba2_scan`: Mamba-2's scan at positions (states after positions, the output at
 one position per row, a patched state; mecheval_kernels.at_positions says what each means).
 
-On the PyTorch path everything runs in the chunked form (mecheval_kernels.ssd.chunked, with
-autograd): a state after a position from the state entering its chunk, the output at one
-position per row from its chunk's row of the masked matrix, a patched state as the unpatched
-scan plus its jump, which for Mamba-2 has a closed form (one decay per head: the jump d after
-position p is exp(A_h (dt_{p+1} + ... + dt_t)) d at t, read through C_t and the gate). On the
-Triton path the plain scan runs `mamba2_scan` and states and patches run Mamba-2 as a selective
-scan (mecheval_kernels.ssd.op.on_selective_scan), as they do for inputs that are not all finite.
+On the PyTorch path, for inputs known to be all finite (mecheval_kernels.ssd.chunked.finite_inputs:
+on CPU, outside torch.compile), everything runs in the chunked form, differentiated by autograd:
+a state after a position from the state entering its chunk, the output at one position per row
+from its chunk's row of the masked matrix, a patched state as the unpatched scan plus its
+jump, which for Mamba-2 has a closed form (one decay per head: the jump d after position p is
+exp(A_h (dt_{p+1} + ... + dt_t)) d at t, read through C_t and the gate). Otherwise the output
+alone runs `mamba2_scan`'s op, and states and patches run Mamba-2 as a selective scan
+(mecheval_kernels.ssd.op.on_selective_scan).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import torch.nn.functional as F
 
 from mecheval_kernels.scan_at import Asked, ScanAt, patch_by_jump
 from mecheval_kernels.ssd.chunked import Inputs, finite_inputs, ssd_chunked_states
-from mecheval_kernels.ssd.op import OP, checked, mamba2_scan, on_selective_scan
+from mecheval_kernels.ssd.op import NAME, checked, on_selective_scan
+from mecheval_kernels.ssd.op import run as run_scan
 from mecheval_kernels.ssd.reference import step_sizes
 from mecheval_kernels.validation import check_positions, check_state_patch, one_per_row
 
@@ -43,23 +45,21 @@ def at_positions_of_mamba2_scan(arguments: dict, asked: Asked) -> ScanAt:
     batch, length, heads, P = a.x.shape
     device = a.x.device
     read = asked.states_at
-    read = None if read is None else check_positions(OP, read, batch, length, device)
+    read = None if read is None else check_positions(NAME, read, batch, length, device)
     if asked.state_patch is not None:
         shape = (batch, heads, P, a.B.shape[3])
-        patch = check_state_patch(OP, asked.state_patch, shape, length, device)
+        patch = check_state_patch(NAME, asked.state_patch, shape, length, device)
         asked = asked._replace(state_patch=patch)
     one = asked.out_at
-    one = None if one is None else one_per_row(OP, "out_at", one, batch, length, device)
+    one = None if one is None else one_per_row(NAME, "out_at", one, batch, length, device)
     asked = asked._replace(states_at=read, out_at=one)
-    if chosen == "triton":
+    if chosen == "triton" or not finite_inputs(a):
         if read is None and asked.state_patch is None:  # the output (and final state) alone
-            out, final = mamba2_scan(**{**arguments, "return_final_states": True})
+            out, final = run_scan(a, chosen)
             out = out if one is None else out[torch.arange(batch, device=device), one][:, None]
             return ScanAt(out, final if asked.return_final_state else None, None)
         return on_selective_scan(a, chosen, asked)
-    if not finite_inputs(a):
-        return on_selective_scan(a, chosen, asked)
-    run = functools.partial(_unpatched, a, arguments["chunk_size"])
+    run = functools.partial(_unpatched, a)
     if asked.state_patch is None:
         return run(read, one, asked.return_final_state)
     positions, values = asked.state_patch
@@ -69,9 +69,9 @@ def at_positions_of_mamba2_scan(arguments: dict, asked: Asked) -> ScanAt:
     )
 
 
-def _unpatched(a: Inputs, chunk: int | None, read, one, return_final_state: bool) -> ScanAt:
+def _unpatched(a: Inputs, read, one, return_final_state: bool) -> ScanAt:
     """The chunked scan with the states after `read` (B, K) and the output at `one` (B,)."""
-    return ScanAt(*ssd_chunked_states(a, chunk, read, one, return_final_state))
+    return ScanAt(*ssd_chunked_states(a, read, one, return_final_state))
 
 
 def _jump(a: Inputs, start, after, read, one, return_final_state: bool) -> ScanAt:

@@ -99,7 +99,9 @@ def _zeroed(t: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor |
 
 
 class Inputs(NamedTuple):
-    """mamba2_scan's validated tensors (dt_limit folded into dt when it clamps)."""
+    """mamba2_scan's validated inputs, the custom op's `Args` (dt_limit folded into dt when it
+    clamps; chunk_size 0: `default_chunk_size`; save_checkpoints: the Triton path keeps its
+    chunks' start states for a backward)."""
 
     x: torch.Tensor
     dt: torch.Tensor
@@ -111,16 +113,18 @@ class Inputs(NamedTuple):
     dt_bias: torch.Tensor | None
     dt_softplus: bool
     initial_states: torch.Tensor | None
+    chunk_size: int = 0
+    save_checkpoints: bool = False
 
 
-def ssd_chunked(a: Inputs, chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def ssd_chunked(a: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Mamba-2's scan on inputs validated by `mecheval_kernels.mamba2_scan`: (out (B, L, H, P) in
     x's dtype, final state (B, H, P, N) in the compute dtype: float32, float64 for float64 x)."""
     if _all_finite(a.x, a.dt, a.B, a.C, a.z):
-        return _ssd_finite(a, chunk_size)[:2]
+        return _ssd_finite(a)[:2]
     (x, bad_x), (dt, bad_dt), (z, bad_z) = _zeroed(a.x), _zeroed(a.dt), _zeroed(a.z)
     (B, bad_B), (C, bad_C) = _zeroed(a.B), _zeroed(a.C)
-    out, state, _ = _ssd_finite(a._replace(x=x, dt=dt, B=B, C=C, z=z), chunk_size)
+    out, state, _ = _ssd_finite(a._replace(x=x, dt=dt, B=B, C=C, z=z))
     # From t on: rows p of the state (B, L, H, P) for x and dt, its columns (B, L, H, N) for
     # B; an output reads every column.
     per_head = x.shape[2] // B.shape[2]
@@ -141,7 +145,6 @@ def finite_inputs(a: Inputs) -> bool:
 
 def ssd_chunked_states(
     a: Inputs,
-    chunk_size: int | None,
     states_at: torch.Tensor | None,
     out_at: torch.Tensor | None = None,
     final: bool = True,
@@ -151,23 +154,22 @@ def ssd_chunked_states(
     chunk's inputs up to it; with `out_at` (B,) the output at that position of each row alone
     (B, 1, H, P), its chunk's row of the masked matrix and the state entering the chunk; the
     final state None unless `final`."""
-    return _ssd_finite(a, chunk_size, states_at, out_at, final)
+    return _ssd_finite(a, states_at, out_at, final)
 
 
 def _ssd_finite(
     inputs: Inputs,
-    chunk_size: int | None,
     states_at: torch.Tensor | None = None,
     out_at: torch.Tensor | None = None,
     final: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """`ssd_chunked` on finite x, dt, B, C and z (see `ssd_chunked_states`)."""
-    x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states = inputs
+    x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states, chunk_size, _ = inputs
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     batch, length, heads, P = x.shape
     groups, N = B.shape[2], B.shape[3]
     per_group = heads // groups
-    Q = default_chunk_size(length) if chunk_size is None else min(chunk_size, length)
+    Q = min(chunk_size, length) if chunk_size else default_chunk_size(length)
 
     x_c = x.to(compute)
     step = step_sizes(dt, dt_bias, dt_softplus, compute)
@@ -179,6 +181,9 @@ def _ssd_finite(
     B_c = _pad_positions(B.to(compute), pad).view(batch, chunks, Q, groups, N)
     C_c = _pad_positions(C.to(compute), pad).view(batch, chunks, Q, groups, N)
     from_start = torch.exp(a.cumsum(dim=-1))  # decay from the chunk's start to l (inclusive)
+    # The masked decay matrices of every chunk where every output is asked for; else the rows
+    # that are read alone.
+    segments = _segment_sums(a) if out_at is None else None  # (B, c, G, R, Q, Q)
 
     # The states entering each chunk, carried from chunk to chunk with each chunk's own
     # contribution to the state at its end (not formed where nothing reads it).
@@ -188,7 +193,8 @@ def _ssd_finite(
         state = initial_states.to(compute).reshape(batch, groups, per_group, P, N)
     entering = [state]
     if chunks > 1 or final:
-        to_end = torch.exp(_segment_rows(a))  # (B, c, G, R, Q): decay from s to the end
+        # (B, c, G, R, Q): the decay from s to the chunk's end
+        to_end = torch.exp(_segment_rows(a) if segments is None else segments[..., -1, :])
         own = torch.einsum("bcsgn,bcgrs,bcsgrp->bcgrpn", B_c, to_end, xdt)
         for c in range(chunks):
             state = from_start[:, c, :, :, -1, None, None] * state + own[:, c]
@@ -199,8 +205,7 @@ def _ssd_finite(
     rows = torch.arange(batch, device=x.device)
     if out_at is None:
         # Within each chunk: the masked (C B^T) * decay matrix applied to dt x.
-        segments = torch.exp(_segment_sums(a))  # (B, c, G, R, Q, Q)
-        scores = torch.einsum("bclgn,bcsgn->bcgls", C_c, B_c)[:, :, :, None] * segments
+        scores = torch.einsum("bclgn,bcsgn->bcgls", C_c, B_c)[:, :, :, None] * segments.exp()
         y = torch.einsum("bcgrls,bcsgrp->bclgrp", scores, xdt)
         if started:
             carried = torch.einsum("bclgn,bcgrpn->bclgrp", C_c, entering)

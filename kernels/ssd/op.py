@@ -1,15 +1,14 @@
-"""`mamba2_scan`: Mamba-2's scan (SSD) with mamba-ssm's `mamba_chunk_scan_combined` layouts.
+"""`mamba2_scan`: Mamba-2's scan (SSD) with mamba-ssm's `mamba_chunk_scan_combined` layouts, on
+the ops' scaffold (mecheval_kernels._op; custom ops `mecheval_kernels::mamba2_scan_fwd`/`_bwd`).
 
 Two implementations, chosen by the backend (mecheval_kernels.backend):
-  "torch"   the chunked SSD algorithm in PyTorch (mecheval_kernels.ssd.chunked), differentiated by
-            autograd: runs under torch.vmap and torch.compile as plain PyTorch does.
-  "triton"  Mamba-2 as a selective scan (`on_selective_scan`): the head's scalar A broadcast
-            over its channels and state indices, dt broadcast from heads to channels, B and C
-            as groups of channels; the selective scan's Triton kernels (and their backward,
-            vmap rule and custom op) then run it.
-The selective-scan form is also what runs the scan at positions (mecheval_kernels.ssd.at: states,
-outputs at positions, patched states), on either backend. docs/kernels.md has the
-measurements behind the choice.
+  "torch"   torch_path.py: the chunked SSD algorithm in PyTorch (mecheval_kernels.ssd.chunked).
+  "triton"  launch.py: Mamba-2 as a selective scan (`on_selective_scan`): the head's scalar A
+            broadcast over its channels and state indices, dt broadcast from heads to
+            channels, B and C as groups of channels; the selective scan's Triton kernels run it.
+Each backward is the vector-Jacobian product of its recomputed forward (only the inputs are
+kept, as Mamba-3's core). The selective-scan form also runs the scan at positions on the Triton
+path (mecheval_kernels.ssd.at). docs/kernels.md has the measurements behind the choice.
 """
 
 from __future__ import annotations
@@ -17,52 +16,51 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mecheval_kernels.backend import resolve_backend
+from mecheval_kernels._op import Op, compute_dtype, needs_grad
 from mecheval_kernels.scan_at import Asked, ScanAt
 from mecheval_kernels.selective_scan.at import at_positions_of_selective_scan
 from mecheval_kernels.selective_scan.op import MAX_STATE
 from mecheval_kernels.ssd.chunked import Inputs, ssd_chunked
+from mecheval_kernels.stacking import fold_into, unfold_from
 from mecheval_kernels.validation import (
-    allowed_dtypes,
     check_batch,
     check_choice,
     check_range,
-    check_same_device,
     check_tensor,
     check_tensor_layouts,
     refuse_unsupported,
 )
 
-OP = "mamba2_scan"
+NAME = "mamba2_scan"
 
 
-def _validate(dtypes, x, dt, A, B, C, D, z, dt_bias, initial_states, softplus, chunk_size):
+def _validate(dtypes, x, dt, A, B, C, D, z, dt_bias, initial_states, dt_softplus, chunk_size):
     sizes: dict[str, int] = {}
-    check_tensor(OP, "x", x, "B L H P", sizes, dtypes)
-    check_batch(OP, "x", sizes["B"])
+    check_tensor(NAME, "x", x, "B L H P", sizes, dtypes)
+    check_batch(NAME, "x", sizes["B"])
     for dim, what in (("L", "length"), ("H", "heads"), ("P", "head dim")):
         if sizes[dim] < 1:
-            raise ValueError(f"{OP}: x must have {what} {dim} >= 1, got shape {tuple(x.shape)}")
-    check_tensor(OP, "dt", dt, "B L H", sizes, dtypes)
-    check_tensor(OP, "A", A, "H", sizes, dtypes)
-    check_tensor(OP, "B", B, "B L G N", sizes, dtypes)
-    check_range(OP, "state size N (B.shape[3])", sizes["N"], 1, MAX_STATE)
+            raise ValueError(f"{NAME}: x must have {what} {dim} >= 1, got shape {tuple(x.shape)}")
+    check_tensor(NAME, "dt", dt, "B L H", sizes, dtypes)
+    check_tensor(NAME, "A", A, "H", sizes, dtypes)
+    check_tensor(NAME, "B", B, "B L G N", sizes, dtypes)
+    check_range(NAME, "state size N (B.shape[3])", sizes["N"], 1, MAX_STATE)
     if sizes["G"] < 1 or sizes["H"] % sizes["G"]:
         raise ValueError(
-            f"{OP}: the number of groups of B and C (G = {sizes['G']}, B of shape (B, L, G, N) "
+            f"{NAME}: the number of groups of B and C (G = {sizes['G']}, B of shape (B, L, G, N) "
             f"= {tuple(B.shape)}) must divide the heads H = {sizes['H']}"
         )
-    check_tensor(OP, "C", C, "B L G N", sizes, dtypes)
+    check_tensor(NAME, "C", C, "B L G N", sizes, dtypes)
     if D is not None:
-        check_tensor_layouts(OP, "D", D, ("H", "H P"), sizes, dtypes)
-    check_tensor(OP, "z", z, "B L H P", sizes, dtypes, optional=True)
-    check_tensor(OP, "dt_bias", dt_bias, "H", sizes, dtypes, optional=True)
-    check_tensor(OP, "initial_states", initial_states, "B H P N", sizes, dtypes, optional=True)
-    check_choice(OP, "dt_softplus", softplus, (False, True))
+        check_tensor_layouts(NAME, "D", D, ("H", "H P"), sizes, dtypes)
+    check_tensor(NAME, "z", z, "B L H P", sizes, dtypes, optional=True)
+    check_tensor(NAME, "dt_bias", dt_bias, "H", sizes, dtypes, optional=True)
+    check_tensor(NAME, "initial_states", initial_states, "B H P N", sizes, dtypes, optional=True)
+    check_choice(NAME, "dt_softplus", dt_softplus, (False, True))
     if chunk_size is not None and (
         isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
     ):
-        raise ValueError(f"{OP}: chunk_size must be None or an int >= 1, got {chunk_size!r}")
+        raise ValueError(f"{NAME}: chunk_size must be None or an int >= 1, got {chunk_size!r}")
 
 
 NO_LIMIT = (0.0, float("inf"))
@@ -74,17 +72,11 @@ def checked(backend, x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states,
     dt_limit after the bias and softplus, the default (0, inf) included, as mamba-ssm's
     kernel always clamps: where the clamp can change them (a limit other than (0, inf), or no
     softplus to keep them >= 0) they are formed here and passed on as they are."""
-    check_tensor(OP, "x", x, "B L H P", {})
     tensors = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias)
-    device = check_same_device(OP, **tensors, initial_states=initial_states)
-    chosen = resolve_backend(OP, backend, device)
-    _validate(
-        allowed_dtypes(chosen),
-        **tensors,
-        initial_states=initial_states,
-        softplus=dt_softplus,
+    chosen = OP.check(
+        backend, **tensors, initial_states=initial_states, dt_softplus=dt_softplus,
         chunk_size=chunk_size,
-    )
+    )  # fmt: skip
     limit = _check_limit(dt_limit)
     if limit != NO_LIMIT or not dt_softplus:
         step = dt.float() if dt.dtype != torch.float64 else dt
@@ -93,14 +85,18 @@ def checked(backend, x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states,
         step = F.softplus(step) if dt_softplus else step
         tensors.update(dt=step.clamp(*limit), dt_bias=None)
         dt_softplus = False
-    return Inputs(**tensors, dt_softplus=bool(dt_softplus), initial_states=initial_states), chosen
+    inputs = Inputs(
+        **tensors, dt_softplus=bool(dt_softplus), initial_states=initial_states,
+        chunk_size=chunk_size or 0,
+    )  # fmt: skip
+    return inputs, chosen
 
 
 def _check_limit(dt_limit: object) -> tuple[float, float]:
     ok = isinstance(dt_limit, (tuple, list)) and len(dt_limit) == 2
     ok = ok and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in dt_limit)
     if not ok or not dt_limit[0] <= dt_limit[1]:
-        raise ValueError(f"{OP}: dt_limit must be a (low, high) pair of floats, got {dt_limit!r}")
+        raise ValueError(f"{NAME}: dt_limit must be a (low, high) pair of floats, got {dt_limit!r}")
     return float(dt_limit[0]), float(dt_limit[1])
 
 
@@ -163,7 +159,7 @@ def mamba2_scan(
         `mecheval_kernels.at_positions(mecheval_kernels.mamba2_scan, ...)`.
     """
     refuse_unsupported(
-        OP,
+        NAME,
         seq_idx=(seq_idx, None),
         cu_seqlens=(cu_seqlens, None),
         return_varlen_states=(return_varlen_states, False),
@@ -171,12 +167,53 @@ def mamba2_scan(
     a, chosen = checked(
         backend, x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states, chunk_size, dt_limit
     )
-    if chosen == "triton":
-        out, last, _ = on_selective_scan(a, chosen, Asked(return_final_state=True))
-    else:
-        out, last = ssd_chunked(a, chunk_size)
-        last = last.float() if last.dtype != torch.float64 else last
+    out, last = run(a, chosen)
     return (out, last) if return_final_states else out
+
+
+def run(a: Inputs, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, the final state) of validated inputs on `backend`."""
+    if backend == "torch" and OP.eager(a):
+        # Eagerly, autograd differentiates the chunked form as it runs (the op's backward
+        # would recompute it: twice the time of a forward and backward at the study's sizes).
+        return ssd_chunked(a)
+    # The Triton backward's checkpoints only when autograd will ask for a backward.
+    out, last, _ = OP(a._replace(save_checkpoints=needs_grad(a)), backend)
+    return out, last
+
+
+def _fake(a: Inputs, backend: str) -> tuple:
+    batch, length, heads, P = a.x.shape
+    N = a.B.shape[3]
+    final = a.x.new_empty(batch, heads, P, N, dtype=compute_dtype(a.x))
+    count = 0
+    if backend == "triton" and a.save_checkpoints:
+        count = OP.implementation(backend).num_checkpoints(batch, heads * P, N, length)
+    kept = a.x.new_empty(count, batch, heads * P, N, dtype=compute_dtype(a.x))
+    return a.x.new_empty(a.x.shape), final, kept  # contiguous, as both paths return it
+
+
+def _fold(a: Inputs, dims: Inputs, m: int):
+    """Stacked models (mecheval_kernels.stacking): the model axis folds into the heads and the
+    groups (model k's head h reads its group h // (H / G) as head k H + h reads k G + that)."""
+    folded = a._replace(
+        **{f: fold_into(getattr(a, f), getattr(dims, f), m, 2) for f in ("x", "dt", "B", "C", "z")},
+        **{f: fold_into(getattr(a, f), getattr(dims, f), m, 0) for f in ("A", "D", "dt_bias")},
+        initial_states=fold_into(a.initial_states, dims.initial_states, m, 1),
+    )
+    folded = folded._replace(save_checkpoints=needs_grad(folded))  # unseen through the vmap
+    return folded, lambda i, t: unfold_from(t, m, (2, 1)[i]) if i < 2 else (t, None)
+
+
+def _twice(a: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """out and the final state recomputed in the chunked form (plain PyTorch), for second
+    derivatives."""
+    return ssd_chunked(a)
+
+
+OP = Op(
+    __package__, NAME, Inputs, "B L H P", _validate, _fake, 3, 1, _fold, name=NAME, twice=_twice
+)
 
 
 def _per_channel(t: torch.Tensor, P: int) -> torch.Tensor:
@@ -184,11 +221,10 @@ def _per_channel(t: torch.Tensor, P: int) -> torch.Tensor:
     return t[:, None].expand(t.shape[0], P).reshape(-1)
 
 
-def on_selective_scan(a: Inputs, backend: str, asked: Asked) -> ScanAt:
-    """Mamba-2 as a selective scan at positions over D = H * P channels (channel h * P + p),
-    whose group g of B and C covers channels of heads [g H / G, (g + 1) H / G), as Mamba-2's
-    does. Returns out (B, L or 1, H, P), the final state (B, H, P, N), the states
-    (B, K, H, P, N); the patch values in `asked` (B, H, P, N) are validated by the caller."""
+def selective_form(a: Inputs) -> dict:
+    """Mamba-2 as `selective_scan_fn`'s arguments by name (backend aside) over D = H * P
+    channels (channel h * P + p), whose group g of B and C covers channels of heads
+    [g H / G, (g + 1) H / G), as Mamba-2's does."""
     batch, length, heads, P = a.x.shape
     N = a.B.shape[3]
     channels = lambda t: t.reshape(batch, length, heads * P).transpose(1, 2)  # noqa: E731
@@ -196,12 +232,7 @@ def on_selective_scan(a: Inputs, backend: str, asked: Asked) -> ScanAt:
     if D is not None:
         D = _per_channel(D, P) if D.dim() == 1 else D.reshape(-1)
     init = a.initial_states
-    if init is not None:
-        init = init.reshape(batch, heads * P, N)
-    if asked.state_patch is not None:
-        positions, values = asked.state_patch
-        asked = asked._replace(state_patch=(positions, values.reshape(batch, heads * P, N)))
-    scan = dict(
+    return dict(
         u=channels(a.x),
         delta=channels(a.dt[..., None].expand(batch, length, heads, P)),
         A=a.A[:, None, None].expand(heads, P, N).reshape(heads * P, N),
@@ -211,10 +242,20 @@ def on_selective_scan(a: Inputs, backend: str, asked: Asked) -> ScanAt:
         z=None if a.z is None else channels(a.z),
         delta_bias=None if a.dt_bias is None else _per_channel(a.dt_bias, P),
         delta_softplus=a.dt_softplus,
-        initial_state=init,
-        backend=backend,
+        initial_state=None if init is None else init.reshape(batch, heads * P, N),
     )
-    result = at_positions_of_selective_scan(scan, asked)
+
+
+def on_selective_scan(a: Inputs, backend: str, asked: Asked) -> ScanAt:
+    """Mamba-2 as a selective scan at positions (`selective_form`). Returns out (B, L or 1, H,
+    P), the final state (B, H, P, N), the states (B, K, H, P, N); the patch values in `asked`
+    (B, H, P, N) are validated by the caller."""
+    batch, _, heads, P = a.x.shape
+    N = a.B.shape[3]
+    if asked.state_patch is not None:
+        positions, values = asked.state_patch
+        asked = asked._replace(state_patch=(positions, values.reshape(batch, heads * P, N)))
+    result = at_positions_of_selective_scan({**selective_form(a), "backend": backend}, asked)
     out = result.out.transpose(1, 2).unflatten(-1, (heads, P))
     final, states = result.final_state, result.states
     return ScanAt(
