@@ -138,3 +138,25 @@ def test_a_key_given_twice_in_a_config_file_is_refused(tmp_path):
     path.write_text("base: {steps: 2}\ninclude:\n  - {seed: 1}\ninclude:\n  - {seed: 2}\n")
     with pytest.raises(ConfigError, match="the key 'include' is given twice"):
         load_sweep(path)
+
+
+MQAR_POINTS = {  # file -> (input length, key-value pairs, d_models)
+    "mqar_64.yaml": (64, 4, {64}),
+    "mqar_128.yaml": (128, 8, {64, 128}),
+    "mqar_256.yaml": (256, 16, {128}),
+}
+
+
+def test_the_mqar_sweeps_are_zoologys_points():
+    """configs/mqar/: points of zoology's Figure 2 (vocabulary 8,192), each of the eight
+    architectures at its study learning rate over seeds 42 to 44 at each d_model."""
+    assert {p.name for p in (CONFIGS / "mqar").glob("*.yaml")} == set(MQAR_POINTS)
+    for name, (length, pairs, widths) in MQAR_POINTS.items():
+        runs = load_sweep(CONFIGS / "mqar" / name)
+        options = {(r.config.task.name, tuple(sorted(r.config.task.options.items()))) for r in runs}
+        assert options == {("mqar", (("input_seq_len", length), ("num_kv_pairs", pairs),
+                                     ("vocab_size", 8192)))}  # fmt: skip
+        assert {r.config.model.d_model for r in runs} == widths
+        assert len(runs) == 8 * 3 * len(widths) == len({r.name for r in runs})
+        by_arch = {(r.config.model.arch, r.config.optim.lr) for r in runs}
+        assert len(by_arch) == 8 and {r.config.seed for r in runs} == {42, 43, 44}
