@@ -407,7 +407,7 @@ def test_the_drop_ins_arguments_bind_positionally_in_its_order(spec):
 
 
 def test_mamba2_step_size_limit_is_honoured_at_positions():
-    """dt_limit clamps the step sizes on the selective-scan form too (states, patches)."""
+    """dt_limit clamps the step sizes of the scan at positions too (states, patches)."""
     x = SPECS[1].inputs(seed=11)
     limit = (0.2, 0.6)
     out, final = mamba2_scan(**x, dt_limit=limit, return_final_states=True)
