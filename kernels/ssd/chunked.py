@@ -203,6 +203,14 @@ def _ssd_finite(
     started = initial_states is not None or chunks > 1  # whether any state enters a chunk
 
     rows = torch.arange(batch, device=x.device)
+
+    def chunk_of(t: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """t (B, chunks, ...) at each row's chunk c (B,) or (B, K): a view for one chunk."""
+        if chunks > 1:
+            return t[rows if c.dim() == 1 else rows[:, None], c]
+        t = t[:, 0]
+        return t if c.dim() == 1 else t[:, None].expand(-1, c.shape[1], *t.shape[1:])
+
     if out_at is None:
         # Within each chunk: the masked (C B^T) * decay matrix applied to dt x.
         scores = torch.einsum("bclgn,bcsgn->bcgls", C_c, B_c)[:, :, :, None] * segments.exp()
@@ -214,11 +222,11 @@ def _ssd_finite(
     else:  # the chunk's row of the masked matrix at each row's position alone
         c, l = out_at // Q, out_at % Q
         query = C_c[rows, c, l]  # (B, G, N)
-        scores = torch.einsum("bgn,bsgn->bgs", query, B_c[rows, c])[:, :, None]
-        scores = scores * torch.exp(_segment_rows(a[rows, c], l[:, None, None]))  # (B, G, R, Q)
-        y = torch.einsum("bgrs,bsgrp->bgrp", scores, xdt[rows, c])
+        scores = torch.einsum("bgn,bsgn->bgs", query, chunk_of(B_c, c))[:, :, None]
+        scores = scores * torch.exp(_segment_rows(chunk_of(a, c), l[:, None, None]))  # (B, G, R, Q)
+        y = torch.einsum("bgrs,bsgrp->bgrp", scores, chunk_of(xdt, c))
         if started:
-            carried = torch.einsum("bgn,bgrpn->bgrp", query, entering[rows, c])
+            carried = torch.einsum("bgn,bgrpn->bgrp", query, chunk_of(entering, c))
             y = y + carried * from_start[rows, c, :, :, l][..., None]
         out, x_out = y.reshape(batch, 1, heads, P), x_c[rows, out_at][:, None]
         z_out = None if z is None else z[rows, out_at][:, None]
@@ -229,12 +237,12 @@ def _ssd_finite(
         out = out * F.silu(z_out.to(compute))
     states = None
     if states_at is not None:  # state_t = decay(start..t) entering_c + the chunk's inputs to t
-        rows, c, l = rows[:, None], states_at // Q, states_at % Q
-        decays = torch.exp(_segment_rows(a[rows, c], l[..., None, None]))  # (B, K, G, R, Q)
-        weighted = xdt[rows, c].permute(0, 1, 3, 4, 5, 2) * decays[..., None, :]  # (.., R, P, Q)
-        keys = B_c[rows, c].transpose(2, 3)  # (B, K, G, Q, N)
+        c, l = states_at // Q, states_at % Q
+        decays = torch.exp(_segment_rows(chunk_of(a, c), l[..., None, None]))  # (B, K, G, R, Q)
+        weighted = chunk_of(xdt, c).permute(0, 1, 3, 4, 5, 2) * decays[..., None, :]  # (R, P, Q)
+        keys = chunk_of(B_c, c).transpose(2, 3)  # (B, K, G, Q, N)
         inside = (weighted.flatten(3, 4) @ keys).view(*weighted.shape[:-1], N)
-        entered = from_start[rows, c, :, :, l][..., None, None] * entering[rows, c]
+        entered = from_start[rows[:, None], c, :, :, l][..., None, None] * chunk_of(entering, c)
         states = (entered + inside).reshape(batch, -1, heads, P, N)
     last = state.reshape(batch, heads, P, N) if final else None
     return out.to(x.dtype), last, states

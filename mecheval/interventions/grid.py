@@ -63,9 +63,9 @@ from mecheval.interventions.plan import (
     CELL_COLUMNS,
     GridPlan,
     check_batch,
+    clean_run_block,
     plan_grid,
     select_sites,
-    states_per_row,
 )
 from mecheval.tasks import Batch
 
@@ -142,35 +142,30 @@ def check_vocabulary(model, batch: Batch, corrupted: torch.Tensor) -> None:
 
 def _sources(model, plan: GridPlan, batch: Batch) -> tuple[dict, torch.Tensor]:
     """The clean run's values at every site, stacked like the cells ((P n, ...): cell i's
-    value at its document and position), and its head input at the query."""
+    value at its document and position), and its head input at the query. The clean run reads
+    each row's patched positions in one pass (a scan returns the states there), over blocks
+    of documents whose state reads fit the budget (`clean_run_block`)."""
     n, length = batch.tokens.shape
-    query, positions = batch.positions["query"], plan.positions
-    refs = [s.ref for s in plan.sites]
-    ordinary = [r for r in refs if r.short != "state"]
-    states = [r for r in refs if r.short == "state"]
-    # States are read at each row's patched positions in the same pass (a scan that also
-    # returns them) where they fit.
-    per_row = bool(states) and states_per_row(
-        model, n, length, len(plan.labels), plan.memory_budget
-    )
-    reads = {r.name: None for r in ordinary}
-    if per_row:
-        at = positions.view(len(plan.labels), n).T  # (n, P): cells are label-major
-        reads.update({r.name: at for r in states})
-    with model.intervene(reads=reads) as record:
-        clean = hidden_at(model, 0, model.embed(batch.tokens), query)
-    source = {r.name: record[r.name][plan.example, positions] for r in ordinary}
-    if per_row:
-        for r in states:  # (n, P, ...) -> stacked like the cells, (P n, ...)
-            picked = record[r.name]
-            source[r.name] = picked.transpose(0, 1).reshape(-1, *picked.shape[2:])
-    elif states:
-        # One pass over the stacked labels (P n rows), each row reading its one state.
-        tokens = batch.tokens.repeat(len(plan.labels), 1)
-        with model.intervene(reads={r.name: positions for r in states}) as record:
-            model.forward_from(0, model.embed(tokens), at=query.repeat(len(plan.labels)))
-        source.update({r.name: record[r.name] for r in states})
-    return source, clean
+    query, labels = batch.positions["query"], len(plan.labels)
+    at = plan.positions.view(labels, n).T  # (n, P): cells are label-major
+    names = [s.ref.name for s in plan.sites]
+    states = [s.ref.name for s in plan.sites if s.ref.short == "state"]
+    block = clean_run_block(model, n, length, labels, plan.memory_budget) if states else n
+    source, clean = {}, []
+    for start in range(0, n, block):
+        rows = slice(start, min(n, start + block))
+        reads = {name: at[rows] if name in states else None for name in names}
+        with model.intervene(reads=reads) as record:
+            clean.append(hidden_at(model, 0, model.embed(batch.tokens[rows]), query[rows]))
+        for name in names:
+            picked = record[name]  # (b, P, ...) for a state, else (b, L, ...) every position
+            if name not in states:
+                picked = picked[torch.arange(picked.shape[0])[:, None], at[rows]]
+            if name not in source:
+                source[name] = picked.new_empty(labels, n, *picked.shape[2:])
+            source[name][:, rows] = picked.transpose(0, 1)
+    source = {name: t.view(labels * n, *t.shape[2:]) for name, t in source.items()}
+    return source, torch.cat(clean)
 
 
 def run_plan(

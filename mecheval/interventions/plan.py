@@ -291,18 +291,19 @@ def _held_memory(
     base = 4 * n * needed * model.config.d_model * len(base_reads(refs))
     ordinary = sum(w for name, w in widths.items() if name not in states)
     clean_run = sources + 4 * n * length * ordinary + n * _bytes_per_row(model, length)
-    # Else states are read in a second pass over the P n stacked documents (grid.py's _sources).
-    if states and not states_per_row(model, n, length, labels, budget):
-        clean_run += labels * n * _bytes_per_row(model, length)
+    if states:  # a block's scan may form every state of one layer (grid.py's _sources)
+        block = clean_run_block(model, n, length, labels, budget)
+        clean_run += 4 * block * length * max(model.layer_state_sizes(length))
     return sources, base, clean_run
 
 
-def states_per_row(model, n: int, length: int, labels: int, budget: int) -> bool:
-    """Whether the clean run can read the state sources at each row's `labels` patched
-    positions in its one pass: the states read, and every state of one layer's scan over the
-    n documents (a scan may form them all), fit in half the budget."""
+def clean_run_block(model, n: int, length: int, labels: int, budget: int) -> int:
+    """Documents per pass of a grid's clean run that reads the state sources at each row's
+    `labels` patched positions: as many as keep the states read, and every state of one
+    layer's scan over them (a scan may form them all), within half the budget; at least 1."""
     sizes = model.layer_state_sizes(length)
-    return 4 * n * (labels * sum(sizes) + length * max(sizes)) <= budget // 2
+    per_document = 4 * (labels * sum(sizes) + length * max(sizes))
+    return max(1, min(n, (budget // 2) // per_document))
 
 
 def documents_per_call(
