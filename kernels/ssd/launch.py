@@ -31,7 +31,7 @@ def forward(a: Inputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, length, heads, P = a.x.shape
     out, last, checkpoints = launch.forward(_scan_args(a, a.save_checkpoints))
     out = out.transpose(1, 2).unflatten(-1, (heads, P)).contiguous()
-    return out, last.view(batch, heads, P, -1), checkpoints
+    return out, last.reshape(batch, heads, P, -1), checkpoints
 
 
 def backward(a: Inputs, grads: tuple, saved: tuple) -> list[torch.Tensor | None]:
@@ -43,18 +43,18 @@ def backward(a: Inputs, grads: tuple, saved: tuple) -> list[torch.Tensor | None]
     dout = None if dout is None else channels(dout)
     dfinal = None if dfinal is None or dfinal.numel() == 0 else dfinal.reshape(batch, heads * P, -1)
     du, ddelta, dA, dB, dC, dD, dz, dbias, dinit = launch.backward(s, (dout, dfinal), saved)
-    per_head = lambda t: t.view(*t.shape[:-1], heads, P).sum(-1)  # noqa: E731
+    per_head = lambda t: t.reshape(*t.shape[:-1], heads, P).sum(-1)  # noqa: E731
     back = lambda t: None if t is None else t.transpose(1, 2).unflatten(-1, (heads, P))  # noqa: E731
     if dD is not None:
-        dD = per_head(dD) if a.D.dim() == 1 else dD.view(heads, P)
+        dD = per_head(dD) if a.D.dim() == 1 else dD.reshape(heads, P)
     return [
         back(du),
         per_head(ddelta.transpose(1, 2)),
-        dA.view(heads, -1).sum(-1),
+        dA.reshape(heads, -1).sum(-1),
         dB.permute(0, 3, 1, 2),
         dC.permute(0, 3, 1, 2),
         dD,
         back(dz),
         None if dbias is None else per_head(dbias),
-        None if dinit is None else dinit.view(batch, heads, P, -1),
+        None if dinit is None else dinit.reshape(batch, heads, P, -1),
     ]
