@@ -203,14 +203,6 @@ def _ssd_finite(
     started = initial_states is not None or chunks > 1  # whether any state enters a chunk
 
     rows = torch.arange(batch, device=x.device)
-
-    def chunk_of(t: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        """t (B, chunks, ...) at each row's chunk c (B,) or (B, K): a view for one chunk."""
-        if chunks > 1:
-            return t[rows if c.dim() == 1 else rows[:, None], c]
-        t = t[:, 0]
-        return t if c.dim() == 1 else t[:, None].expand(-1, c.shape[1], *t.shape[1:])
-
     if out_at is None:
         # Within each chunk: the masked (C B^T) * decay matrix applied to dt x.
         scores = torch.einsum("bclgn,bcsgn->bcgls", C_c, B_c)[:, :, :, None] * segments.exp()
@@ -220,14 +212,7 @@ def _ssd_finite(
             y = y + carried * from_start.permute(0, 1, 4, 2, 3)[..., None]
         out, x_out, z_out = y.reshape(batch, chunks * Q, heads, P)[:, :length], x_c, z
     else:  # the chunk's row of the masked matrix at each row's position alone
-        c, l = out_at // Q, out_at % Q
-        query = C_c[rows, c, l]  # (B, G, N)
-        scores = torch.einsum("bgn,bsgn->bgs", query, chunk_of(B_c, c))[:, :, None]
-        scores = scores * torch.exp(_segment_rows(chunk_of(a, c), l[:, None, None]))  # (B, G, R, Q)
-        y = torch.einsum("bgrs,bsgrp->bgrp", scores, chunk_of(xdt, c))
-        if started:
-            carried = torch.einsum("bgn,bgrpn->bgrp", query, chunk_of(entering, c))
-            y = y + carried * from_start[rows, c, :, :, l][..., None]
+        y = _output_at(out_at, Q, a, xdt, B_c, C_c, from_start, entering if started else None)
         out, x_out = y.reshape(batch, 1, heads, P), x_c[rows, out_at][:, None]
         z_out = None if z is None else z[rows, out_at][:, None]
     if D is not None:
@@ -236,13 +221,44 @@ def _ssd_finite(
     if z_out is not None:
         out = out * F.silu(z_out.to(compute))
     states = None
-    if states_at is not None:  # state_t = decay(start..t) entering_c + the chunk's inputs to t
-        c, l = states_at // Q, states_at % Q
-        decays = torch.exp(_segment_rows(chunk_of(a, c), l[..., None, None]))  # (B, K, G, R, Q)
-        weighted = chunk_of(xdt, c).permute(0, 1, 3, 4, 5, 2) * decays[..., None, :]  # (R, P, Q)
-        keys = chunk_of(B_c, c).transpose(2, 3)  # (B, K, G, Q, N)
-        inside = (weighted.flatten(3, 4) @ keys).view(*weighted.shape[:-1], N)
-        entered = from_start[rows[:, None], c, :, :, l][..., None, None] * chunk_of(entering, c)
-        states = (entered + inside).reshape(batch, -1, heads, P, N)
+    if states_at is not None:
+        states = _states_after(states_at, Q, a, xdt, B_c, from_start, entering)
+        states = states.reshape(batch, -1, heads, P, N)
     last = state.reshape(batch, heads, P, N) if final else None
     return out.to(x.dtype), last, states
+
+
+def _chunk_of(t: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """t (B, chunks, ...) at each row's chunk c (B,) or (B, K): a view for one chunk."""
+    if t.shape[1] > 1:
+        rows = torch.arange(t.shape[0], device=t.device)
+        return t[rows if c.dim() == 1 else rows[:, None], c]
+    t = t[:, 0]
+    return t if c.dim() == 1 else t[:, None].expand(-1, c.shape[1], *t.shape[1:])
+
+
+def _output_at(out_at, Q, a, xdt, B_c, C_c, from_start, entering) -> torch.Tensor:
+    """y (B, G, R, P) at out_at (B,) alone: its chunk's row of the masked matrix applied to dt x,
+    plus the state entering the chunk read by C there (`entering` None: no state enters)."""
+    rows = torch.arange(out_at.shape[0], device=out_at.device)
+    c, l = out_at // Q, out_at % Q
+    query = C_c[rows, c, l]  # (B, G, N)
+    scores = torch.einsum("bgn,bsgn->bgs", query, _chunk_of(B_c, c))[:, :, None]
+    scores = scores * torch.exp(_segment_rows(_chunk_of(a, c), l[:, None, None]))  # (B, G, R, Q)
+    y = torch.einsum("bgrs,bsgrp->bgrp", scores, _chunk_of(xdt, c))
+    if entering is not None:
+        carried = torch.einsum("bgn,bgrpn->bgrp", query, _chunk_of(entering, c))
+        y = y + carried * from_start[rows, c, :, :, l][..., None]
+    return y
+
+
+def _states_after(states_at, Q, a, xdt, B_c, from_start, entering) -> torch.Tensor:
+    """The states (B, K, G, R, P, N) after states_at (B, K): state_t = the decay from its
+    chunk's start times the state entering the chunk, plus the chunk's inputs up to t."""
+    rows = torch.arange(states_at.shape[0], device=states_at.device)[:, None]
+    c, l = states_at // Q, states_at % Q
+    decays = torch.exp(_segment_rows(_chunk_of(a, c), l[..., None, None]))  # (B, K, G, R, Q)
+    weighted = _chunk_of(xdt, c).permute(0, 1, 3, 4, 5, 2) * decays[..., None, :]  # (R, P, Q)
+    keys = _chunk_of(B_c, c).transpose(2, 3)  # (B, K, G, Q, N)
+    inside = (weighted.flatten(3, 4) @ keys).view(*weighted.shape[:-1], keys.shape[-1])
+    return from_start[rows, c, :, :, l][..., None, None] * _chunk_of(entering, c) + inside
