@@ -160,7 +160,7 @@ def _sources(model, plan: GridPlan, batch: Batch) -> tuple[dict, torch.Tensor]:
         for name in names:
             picked = record[name]  # (b, P, ...) for a state, else (b, L, ...) every position
             if name not in states:
-                picked = picked[torch.arange(picked.shape[0])[:, None], at[rows]]
+                picked = picked[torch.arange(picked.shape[0], device=at.device)[:, None], at[rows]]
             if name not in source:
                 source[name] = picked.new_empty(labels, n, *picked.shape[2:])
             source[name][:, rows] = picked.transpose(0, 1)

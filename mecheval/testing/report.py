@@ -5,6 +5,7 @@ per-cell loop that both end with."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -22,15 +23,18 @@ class Check:
     detail: str = ""
 
 
+@dataclass
 class _Report:
-    """Every check of one subject, in the order they ran; printed a line each under
-    `heading`."""
+    """Every check of one subject (a mixer's or a task's name), in the order they ran; printed
+    a line each under `<check>(subject)`."""
 
-    checks: list[Check]
+    subject: str
+    checks: list[Check] = field(default_factory=list)
+    check: ClassVar[str] = ""
 
     @property
     def heading(self) -> str:
-        raise NotImplementedError
+        return f"{self.check}({self.subject!r})"
 
     @property
     def failed(self) -> list[Check]:
@@ -43,28 +47,16 @@ class _Report:
         return "\n".join(lines)
 
 
-@dataclass
 class MixerReport(_Report):
     """Every check of one mixer (`check_mixer`)."""
 
-    arch: str
-    checks: list[Check] = field(default_factory=list)
-
-    @property
-    def heading(self) -> str:
-        return f"check_mixer({self.arch!r})"
+    check = "check_mixer"
 
 
-@dataclass
 class TaskReport(_Report):
     """Every check of one task (`check_task`)."""
 
-    task: str
-    checks: list[Check] = field(default_factory=list)
-
-    @property
-    def heading(self) -> str:
-        return f"check_task({self.task!r})"
+    check = "check_task"
 
 
 class _CheckError(AssertionError):
