@@ -14,7 +14,6 @@ from mecheval.layers.long_conv import DIRECT_MAX_LEN, long_causal_conv
 from tests.layers.references import (
     causal_depthwise_conv,
     delta_net_reference,
-    gated_delta_net_reference,
     mamba_reference,
 )
 
@@ -67,33 +66,6 @@ def fla_delta_net_state_dict(hidden, num_heads, conv_size=4, seed=0):
         "v_conv1d.weight": rand(hidden, 1, conv_size),
         "o_norm.weight": 1 + rand(hidden // num_heads),
         "o_proj.weight": rand(hidden, hidden),
-    }
-
-
-def fla_gated_delta_net_state_dict(hidden, num_heads, head_dim, expand_v=2, conv_size=4, seed=0):
-    """Keys and shapes of fla's `GatedDeltaNet` layer with use_gate, use_short_conv, no conv
-    bias and num_v_heads = num_heads: key_dim = num_heads * head_dim, value_dim = num_heads *
-    head_dim * expand_v."""
-    g = torch.Generator().manual_seed(seed)
-    key_dim, value_dim = num_heads * head_dim, num_heads * head_dim * expand_v
-
-    def rand(*shape, scale=0.3):
-        return torch.randn(*shape, generator=g) * scale
-
-    return {
-        "q_proj.weight": rand(key_dim, hidden),
-        "k_proj.weight": rand(key_dim, hidden),
-        "v_proj.weight": rand(value_dim, hidden),
-        "a_proj.weight": rand(num_heads, hidden),
-        "b_proj.weight": rand(num_heads, hidden),
-        "A_log": torch.rand(num_heads, generator=g).mul(16).log(),
-        "dt_bias": rand(num_heads) - 2.0,
-        "q_conv1d.weight": rand(key_dim, 1, conv_size),
-        "k_conv1d.weight": rand(key_dim, 1, conv_size),
-        "v_conv1d.weight": rand(value_dim, 1, conv_size),
-        "g_proj.weight": rand(value_dim, hidden),
-        "o_norm.weight": 1 + rand(head_dim * expand_v),
-        "o_proj.weight": rand(hidden, value_dim),
     }
 
 
@@ -167,41 +139,6 @@ def test_delta_net_without_short_conv_matches_equations():
     u = torch.randn(2, 7, 16)
     expected, _ = delta_net_reference(sd, u, num_heads=1, use_short_conv=False)
     torch.testing.assert_close(layer(u).double(), expected, atol=ATOL, rtol=RTOL)
-
-
-def test_gated_delta_net_loads_fla_state_dict_and_matches_equations():
-    torch.manual_seed(0)
-    sd = fla_gated_delta_net_state_dict(16, num_heads=2, head_dim=6, expand_v=2)
-    layer = GatedDeltaNet(hidden_size=16, num_heads=2, head_dim=6, expand_v=2)
-    assert {k: tuple(v.shape) for k, v in layer.state_dict().items()} == {
-        k: tuple(v.shape) for k, v in sd.items()
-    }
-    layer.load_state_dict(sd, strict=True)
-    u = torch.randn(2, 9, 16)
-    expected, _ = gated_delta_net_reference(sd, u, num_heads=2)
-    torch.testing.assert_close(layer(u).double(), expected, atol=ATOL, rtol=RTOL)
-
-
-def test_gated_delta_net_without_short_conv_matches_equations():
-    torch.manual_seed(0)
-    sd = fla_gated_delta_net_state_dict(16, num_heads=1, head_dim=16, expand_v=1, seed=1)
-    for n in "qkv":
-        del sd[f"{n}_conv1d.weight"]
-    layer = GatedDeltaNet(d_model=16, num_heads=1, head_dim=16, expand_v=1, use_short_conv=False)
-    layer.load_state_dict(sd, strict=True)
-    u = torch.randn(2, 7, 16)
-    expected, _ = gated_delta_net_reference(sd, u, num_heads=1, use_short_conv=False)
-    torch.testing.assert_close(layer(u).double(), expected, atol=ATOL, rtol=RTOL)
-
-
-def test_gated_delta_net_initialisation_is_flas():
-    torch.manual_seed(0)
-    layer = GatedDeltaNet(hidden_size=16, num_heads=8, head_dim=4)
-    A = layer.A_log.detach().exp()
-    assert (A > 0).all() and (A <= 16).all()
-    dt = F.softplus(layer.dt_bias.detach())
-    assert dt.min() >= 0.001 * (1 - 1e-4) and dt.max() <= 0.1 * (1 + 1e-4)
-    assert layer.head_v_dim == 8 and layer.value_dim == 64 and layer.key_dim == 32
 
 
 @pytest.mark.parametrize("activation", [None, "silu"])
