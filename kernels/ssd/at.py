@@ -20,8 +20,7 @@ import torch.nn.functional as F
 
 from mecheval_kernels.scan_at import Asked, ScanAt, patch_by_jump
 from mecheval_kernels.ssd.chunked import Inputs, finite_inputs, ssd_chunked_states
-from mecheval_kernels.ssd.op import NAME, checked, on_selective_scan
-from mecheval_kernels.ssd.op import run as run_scan
+from mecheval_kernels.ssd.op import NAME, checked, on_selective_scan, run
 from mecheval_kernels.ssd.reference import step_sizes
 from mecheval_kernels.validation import check_positions, check_state_patch, one_per_row
 
@@ -55,17 +54,17 @@ def at_positions_of_mamba2_scan(arguments: dict, asked: Asked) -> ScanAt:
     asked = asked._replace(states_at=read, out_at=one)
     if chosen == "triton" or not finite_inputs(a):
         if read is None and asked.state_patch is None:  # the output (and final state) alone
-            out, final = run_scan(a, chosen)
+            out, final = run(a, chosen)
             out = out if one is None else out[torch.arange(batch, device=device), one][:, None]
             return ScanAt(out, final if asked.return_final_state else None, None)
         return on_selective_scan(a, chosen, asked)
-    run = functools.partial(_unpatched, a)
+    unpatched = functools.partial(_unpatched, a)
     if asked.state_patch is None:
-        return run(read, one, asked.return_final_state)
+        return unpatched(read, one, asked.return_final_state)
     positions, values = asked.state_patch
     jump = functools.partial(_jump, a)
     return patch_by_jump(
-        run, jump, positions, values, read, one, asked.return_final_state, length, 1
+        unpatched, jump, positions, values, read, one, asked.return_final_state, length, 1
     )
 
 

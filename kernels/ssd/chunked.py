@@ -121,10 +121,10 @@ def ssd_chunked(a: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Mamba-2's scan on inputs validated by `mecheval_kernels.mamba2_scan`: (out (B, L, H, P) in
     x's dtype, final state (B, H, P, N) in the compute dtype: float32, float64 for float64 x)."""
     if _all_finite(a.x, a.dt, a.B, a.C, a.z):
-        return _ssd_finite(a)[:2]
+        return ssd_chunked_states(a)[:2]
     (x, bad_x), (dt, bad_dt), (z, bad_z) = _zeroed(a.x), _zeroed(a.dt), _zeroed(a.z)
     (B, bad_B), (C, bad_C) = _zeroed(a.B), _zeroed(a.C)
-    out, state, _ = _ssd_finite(a._replace(x=x, dt=dt, B=B, C=C, z=z))
+    out, state, _ = ssd_chunked_states(a._replace(x=x, dt=dt, B=B, C=C, z=z))
     # From t on: rows p of the state (B, L, H, P) for x and dt, its columns (B, L, H, N) for
     # B; an output reads every column.
     per_head = x.shape[2] // B.shape[2]
@@ -144,8 +144,8 @@ def finite_inputs(a: Inputs) -> bool:
 
 
 def ssd_chunked_states(
-    a: Inputs,
-    states_at: torch.Tensor | None,
+    inputs: Inputs,
+    states_at: torch.Tensor | None = None,
     out_at: torch.Tensor | None = None,
     final: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -154,16 +154,6 @@ def ssd_chunked_states(
     chunk's inputs up to it; with `out_at` (B,) the output at that position of each row alone
     (B, 1, H, P), its chunk's row of the masked matrix and the state entering the chunk; the
     final state None unless `final`."""
-    return _ssd_finite(a, states_at, out_at, final)
-
-
-def _ssd_finite(
-    inputs: Inputs,
-    states_at: torch.Tensor | None = None,
-    out_at: torch.Tensor | None = None,
-    final: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """`ssd_chunked` on finite x, dt, B, C and z (see `ssd_chunked_states`)."""
     x, dt, A, B, C, D, z, dt_bias, dt_softplus, initial_states, chunk_size, _ = inputs
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     batch, length, heads, P = x.shape
