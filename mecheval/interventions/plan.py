@@ -290,9 +290,11 @@ def _held_memory(
     sources = 4 * labels * n * sum(widths.values())
     base = 4 * n * needed * model.config.d_model * len(base_reads(refs))
     ordinary = sum(w for name, w in widths.items() if name not in states)
-    clean_run = sources + 4 * n * length * ordinary + n * _bytes_per_row(model, length)
-    if states:  # a block's scan may form every state of one layer (grid.py's _sources)
-        block = clean_run_block(model, n, length, labels, budget)
+    # The clean run records its ordinary sites at every position of a block of documents, and
+    # a block's scan may form every state of one layer (grid.py's _sources).
+    block = clean_run_block(model, n, length, labels, budget) if states else n
+    clean_run = sources + 4 * block * length * ordinary + block * _bytes_per_row(model, length)
+    if states:
         clean_run += 4 * block * length * max(model.layer_state_sizes(length))
     return sources, base, clean_run
 
