@@ -61,7 +61,7 @@ from mecheval.evaluation.display import (
     short_line,
 )
 from mecheval.evaluation.findings import findings_table
-from mecheval.evaluation.kind_report import kind_sections
+from mecheval.evaluation.kind_report import CONFIGURATION, kind_sections, routes_over_seeds
 from mecheval.evaluation.overview import write_overview
 from mecheval.evaluation.plots import (
     heatmap,
@@ -164,6 +164,7 @@ class _Tables:
     distance: pd.DataFrame
     iia: pd.DataFrame  # DAS: IIA against k
     k_star: pd.DataFrame  # DAS: the smallest sufficient k
+    routes: pd.DataFrame  # path patching's route shares over seeds
     das_notes: list[str]  # DAS: what the section leaves out, named
 
     def stored(self) -> dict[str, pd.DataFrame]:
@@ -175,6 +176,7 @@ class _Tables:
             "distance": self.distance,
             "das_iia": self.iia,
             "das_k_star": self.k_star,
+            "routes": self.routes,
             "run_folders": self.folders,
         }
 
@@ -209,6 +211,7 @@ def _tables(path: Path, allow_code_change: bool = False) -> _Tables:
         iia=iia_table(das) if len(das) else pd.DataFrame(),
         k_star=k_star_table(das) if len(das) else pd.DataFrame(),
         das_notes=das_notes,
+        routes=routes_over_seeds(results.merge(best[list(CONFIGURATION)].drop_duplicates())),
     )
 
 
@@ -335,6 +338,13 @@ def _sections(t: _Tables, path: Path) -> list[Section]:
         ),
         *_kind_sections(t),
         Section(
+            "Routes over seeds (path patching)",
+            "routes",
+            ROUTES_NOTE,
+            t.routes,
+            f"No run holds path patching: `mecheval evaluate {path} --kind path`.",
+        ),
+        Section(
             "Finished runs",
             "finished-runs",
             "",
@@ -343,6 +353,14 @@ def _sections(t: _Tables, path: Path) -> list[Section]:
         ),
         Section("Run folders", "run-folders", FOLDERS_NOTE, t.folders.drop(columns=["path"])),
     ]
+
+
+ROUTES_NOTE = (
+    "Each route's share of the sender's effect on the answer (path patching: the route alone "
+    "carries the clean run's value, everything off it frozen at the corrupted run), pooled "
+    "over the seeds of the selected configurations; 95% bootstrap interval over seeds and "
+    "documents; `per_seed`: each seed's own share, in seed order."
+)
 
 
 def _kind_sections(t: _Tables) -> list[Section]:
@@ -437,5 +455,5 @@ def build_report(
 
 def read_report_table(report: str | Path, name: str) -> pd.DataFrame:
     """A table a report folder keeps (evidence, findings, over_training, distance, das_iia,
-    das_k_star, run_folders)."""
+    das_k_star, routes, run_folders)."""
     return pd.read_parquet(Path(report) / f"{name}.parquet")

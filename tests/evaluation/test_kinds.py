@@ -82,5 +82,8 @@ def test_the_report_has_a_section_per_kind(run):
     report = (run / "report" / "report.md").read_text()
     assert "## Path patching: each route's share of the sender's effect" in report
     assert "## Mean ablation (drop of the answer's probability)" in report
+    assert "## Routes over seeds (path patching)" in report
+    routes = pd.read_parquet(run / "report" / "routes.parquet")
+    assert set(routes["route"]) <= {"conv", "state", "kv", "residual"}
     html = (run / "report" / "report.html").read_text()
     assert "Path patching" in html
