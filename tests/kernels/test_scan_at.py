@@ -422,18 +422,28 @@ def test_mamba2_step_size_limit_is_honoured_at_positions():
     assert not torch.allclose(unclamped, out, atol=1e-3)
 
 
+# States read at a few positions (each formed from its chunk), at most of them out of order and
+# at every position in order (both stepped by the recurrence).
+READS = {
+    "few": [[10, 0, 4], [3, 7, 3], [1, 1, 9]],
+    "most": [[2, 0, 1, 3, 3, 5], [4, 1, 0, 2, 2, 6], [0, 1, 2, 3, 4, 5]],
+    "every": [list(range(LENGTH))] * BATCH,
+}
+
+
+@pytest.mark.parametrize("reads", READS)
 @pytest.mark.parametrize("chunk", [64, 4, 1], ids=["one_chunk", "chunks", "steps"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-def test_mamba2_states_and_patches_across_chunks(chunk, dtype):
-    """Mamba-2's chunked form: states read from the state entering their chunk, the output at
-    one position per row from its chunk's row, a patched state as the scan plus its
-    closed-form jump, across chunk boundaries (one chunk, chunks
-    of 4 and of 1), in float32 and float64; with a position whose step is large (a decay of
-    exp(-40)) to show the jump's decay is summed, not differenced."""
+def test_mamba2_states_and_patches_across_chunks(chunk, dtype, reads):
+    """Mamba-2's chunked form: states read from the state entering their chunk (or, where
+    most positions are read, by the recurrence), the output at one position per row from its
+    chunk's row, a patched state as the scan plus its closed-form jump, across chunk boundaries
+    (one chunk, chunks of 4 and of 1), in float32 and float64; with a position whose step is
+    large (a decay of exp(-40)) to show the jump's decay is summed, not differenced."""
     spec = SPECS[1]
     x = {k: v.to(dtype) if isinstance(v, torch.Tensor) else v for k, v in spec.inputs(7).items()}
     x["dt"][:, 5] = 20.0
-    read = torch.tensor([[10, 0, 4], [3, 7, 3], [1, 1, 9]])
+    read = torch.tensor(READS[reads])
     ref_out, ref_final, ref_states = spec.ref(x, read)
     got = spec.at(**x, chunk_size=chunk, states_at=read, return_final_state=True)
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-10, rtol=1e-10)
