@@ -1,45 +1,13 @@
 """`interchange_grid`: every (layer, site, position) interchange intervention of a model on a
 set of documents, in a few batched forward passes.
 
-For each cell the corrupted document (the base) runs with one activation (one layer, one site,
-one position) replaced by the value the original document (the source) has there, and we read
-the probability of the original answer at the query position (docs/study.md, "The metric").
-
-`plan_grid` (mecheval.interventions.plan) decides which cells run, where each restarts and how
-they are chunked; `interchange_grid` runs that plan. How it is fast, and still exact:
-- source activations are read once, for every site at every position, in one forward pass;
-- the base's residual stream entering each layer is cached from one more forward pass, so a
-  cell at layer l restarts at layer l instead of at the embedding;
-- all cells of one site (every position, every example) are stacked along the batch axis and
-  run together, in chunks that keep memory under `memory_budget` bytes;
-- causality prunes the work: positions after the last query are never computed, and a cell whose
-  patch cannot reach its row's query (a position after the query; the state after the query; a
-  site after the last layer's mixer, which acts on each position alone, anywhere but at the
-  query) is not run: its result is the corrupted run's, exactly; nor is a cell whose patch is
-  the identity: before its document's first corrupted token (the documents agree there), or at
-  a token-local site of the first block where both documents hold the same token;
-- a patch of the first block's input at the one position where the documents differ gives
-  the corrupted run the original's whole input: its results are the clean run's;
-- a patch of a block's output restarts at the next block, which reads exactly that tensor;
-- cells that equal a later site's copy its results: a block's output is the next block's
-  input; in the last block, before the query, the block's input, the mixer's input and
-  the mixer's `reach_site` change the query alike; in the first block, where the documents
-  hold the same token, a patch of the mixer's output gives the block's output the original's;
-- when every mixer from the restart layer on is resumable (every mixer of the zoo: see
-  mecheval.layers.mixer), a cell also restarts near its position: cells are bucketed by
-  position, and a bucket starting at s runs only positions s.. from the base run's mixer
-  contexts at s (the base itself runs once, in segments split at the resume points, which
-  leaves them, or, when every mixer says which of its sites hold its context, in one pass
-  whose reads of them give the contexts: `LanguageModel.context_sites`), since the patched
-  run equals the base run before the patched position;
-- only the query position's logits are computed, and the KL and the answer's probability come
-  from one log-sum-exp per row (and a product over d_model: see `Metrics`);
-- `state` sites (the recurrent state after a position) are read and patched at every row's
-  own positions inside the one scan: the clean run's scan also returns the states at each row's
-  patched positions, and a patched run's scan replaces the state after each row's position (the
-  kernels' scans at positions: mecheval_kernels.at_positions; mecheval.layers.sites.StateSite).
-Each cell equals one plain per-cell forward with a hook (see `per_cell_loop`), to float
-rounding; the tests check every cell.
+Each cell runs the corrupted document with one activation (one layer, one site, one position)
+set to the clean document's value there, and reads the probability of the clean answer at the
+query (docs/study.md, "The metric"). `plan_grid` (mecheval.interventions.plan) decides which
+cells run, where each restarts and how they are chunked; this module runs the plan. Each cell
+equals one plain per-cell forward with a hook (`per_cell_loop`), to float rounding; the tests
+check every cell. What the plan skips and shares, and why each is exact: docs/interventions.md,
+"How the grid runs".
 """
 
 from __future__ import annotations

@@ -5,33 +5,11 @@
 
 `interchange_grid` runs a plan (mecheval.interventions.grid). A cell is one (site, position
 label, document); cells are stacked label-major, so cell i patches document example[i] at
-position positions[i]. What a plan prunes and reuses:
-- positions after the last query are never computed (`needed`);
-- a cell whose patch cannot reach its document's query is not run (`reaches_query`: after
-  the query; in the last block, after the mixer but not at the query, or at a site of the
-  mixer's read-out, such as DeltaNet's queries, too far before it: `query_reach`);
-- given the corrupted documents, a cell before its document's first corrupted token is not run
-  either: the two documents agree there, so source and base activations (and states) agree and
-  the patch is the identity (`before_corruption`); nor is a cell of a token-local site (one
-  whose value at a position depends on the token there alone: the first block's input, its
-  normalised input, its mixer's input projections; `token_local_sites`) at a position
-  where the two documents hold the same token (`same_token`), nor of a window-local site (a
-  short convolution's output: `window_local_sites`) where they hold the same tokens
-  over its window (`same_window`);
-- a cell of the first block's input at the one position where its document and the
-  corruption differ gives the corrupted run the original's whole input: its results are the
-  clean run's (`restored`, `only_difference`);
-- cells of one site that equal those of a later one copy their results (`copied`): a block's
-  output is the next block's input; in the last block, before the query, the block's input,
-  its normalised input and its mixer's `reach_site` change the query's logits alike
-  (`query_alike_sites`), and the last of them the grid holds runs; in the first block,
-  where both documents hold the same token (its input, the residual, is then the same), a
-  patch of the mixer's output makes the block's output the original's, as a patch of the
-  block's output does;
-- a cell restarts at its site's block (the next one for block_output), and, when every mixer
-  from there on resumes (mecheval.layers.mixer), at the resume point at or before its
-  position (`points`), from the base run's contexts there;
-- cells are chunked so that a patched forward stays within the memory budget (`chunk`).
+position positions[i]. Each rule a plan applies (positions after the last query: `needed`;
+cells that cannot reach the query: `reaches_query`; identity patches: `before_corruption`,
+`same_token`, `same_window`; restored cells: `only_difference`; copied cells:
+`query_alike_sites`; resume points: `points`; chunks: `chunk`) is written out once, in
+docs/interventions.md, "How the grid runs".
 """
 
 from __future__ import annotations
