@@ -92,7 +92,7 @@ def _hook(module, where: str, fn):
 @torch.no_grad()
 def hook_loop(hf, family, batch, corrupted, layers, sites, labels) -> dict:
     """(layer, site, label) -> p_restored (n,): one forward of the corrupted documents per
-    cell, the source activation put in by a plain forward hook on the Hugging Face module."""
+    cell, the clean activation put in by a plain forward hook on the Hugging Face module."""
     rows, query, answers = torch.arange(len(batch)), batch.positions["query"], batch.answers
     out = {}
     for layer in layers:
@@ -101,13 +101,13 @@ def hook_loop(hf, family, batch, corrupted, layers, sites, labels) -> dict:
             module, seen = hf.get_submodule(path), []
             with _hook(module, where, seen.append):
                 hf(batch.tokens, use_cache=False)
-            source = seen[0].clone()
+            clean_values = seen[0].clone()
             for label in labels:
                 at = resolve_position(label, batch)
 
-                def patch(x, at=at, source=source):
+                def patch(x, at=at, clean_values=clean_values):
                     x = x.clone()
-                    x[rows, at] = source[rows, at]
+                    x[rows, at] = clean_values[rows, at]
                     return x
 
                 with _hook(module, where, patch):

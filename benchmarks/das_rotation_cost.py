@@ -2,8 +2,8 @@
 factor of a free matrix (ours, `mecheval.interventions.das.Bases`, all n bases in one batched
 QR) against Householder reflections (pyvene's: `torch.nn.utils.parametrizations.orthogonal` of
 a (width, k) weight, one module per basis). One step: form every R, swap a batch of 64 rows
-through it (base + (source - base) R R^T), and back-propagate a sum to the parameters. CPU time
-per step, the median of the repeats after one warm-up step.
+through it (corrupted + (clean - corrupted) R R^T), and back-propagate a sum to the parameters.
+CPU time per step, the median of the repeats after one warm-up step.
 
 Run: python -m benchmarks.das_rotation_cost [--threads 1] [--json FILE]
 """
@@ -35,13 +35,13 @@ def _householder(width: int, k: int, n: int) -> list[nn.Module]:
     ]
 
 
-def _step_qr(bases: Bases, base, source) -> None:
-    bases.swap(base, source).sum().backward()
+def _step_qr(bases: Bases, corrupted, clean) -> None:
+    bases.swap(corrupted, clean).sum().backward()
 
 
-def _step_householder(layers, base, source) -> None:
+def _step_householder(layers, corrupted, clean) -> None:
     total = 0
-    for layer, b, s in zip(layers, base, source, strict=True):
+    for layer, b, s in zip(layers, corrupted, clean, strict=True):
         R = layer.weight.T  # (width, k), orthonormal columns
         total = total + (b + (s - b) @ R @ R.T).sum()
     total.backward()
@@ -59,11 +59,11 @@ def _seconds(step, repeats: int) -> float:
 
 def measure(width: int, k: int, n: int, repeats: int) -> dict:
     g = torch.Generator().manual_seed(0)
-    base, source = (torch.randn(n, ROWS, width, generator=g) for _ in range(2))
+    corrupted, clean = (torch.randn(n, ROWS, width, generator=g) for _ in range(2))
     qr = Bases(width, k, seeds=list(range(n)))
     householder = _householder(width, k, n)
-    ours = _seconds(lambda: _step_qr(qr, base, source), repeats)
-    theirs = _seconds(lambda: _step_householder(householder, base, source), repeats)
+    ours = _seconds(lambda: _step_qr(qr, corrupted, clean), repeats)
+    theirs = _seconds(lambda: _step_householder(householder, corrupted, clean), repeats)
     return {"width": width, "k": k, "bases": n, "qr_s": ours, "householder_s": theirs}
 
 

@@ -39,8 +39,8 @@ class ZeroAblation(Intervention):
         # each (alike=False).
         plan = plan_grid(model, batch, positions=positions, alike=False)
 
-        def zeros(source: dict) -> dict:
-            return {site: torch.zeros_like(values) for site, values in source.items()}
+        def zeros(clean_values: dict) -> dict:
+            return {site: torch.zeros_like(values) for site, values in clean_values.items()}
 
-        outputs, p_original, p_base = run_plan(model, plan, batch, batch.tokens, False, zeros)
-        return frame(outputs, plan, p_original, p_base)
+        outputs, p_original, p_unpatched = run_plan(model, plan, batch, batch.tokens, False, zeros)
+        return frame(outputs, plan, p_original, p_unpatched)

@@ -78,7 +78,7 @@ class DasOptions:
         dims: subspace sizes k (each site's full width is always added; a k above every
             searched site's width is an error, one above some site's is left out there and
             named); None: those of DAS_DIMS below the widest site's width.
-        corruptions: what the base documents change (key, value).
+        corruptions: what the corrupted documents change (key, value).
         steps, lr, batch_size, holdout, seed: the training settings; None: DasSettings'
             default (mecheval.interventions.das). The seed also draws the corruptions.
         split, device, step: as `mecheval evaluate` takes them.

@@ -2,8 +2,8 @@
 position) replaced by its mean over the documents, or by its value in another document, and
 the answer's probability read at the query. The same engine as the interchange grid
 (`plan_grid`, `run_plan`): a cell restarts at its block and near its position, cells are
-batched, and a cell that cannot reach its query is not run. The base documents are the clean
-ones, so `p_corrupted` is `p_original`; the effect of a cell is p_original - p_restored.
+batched, and a cell that cannot reach its query is not run. The patched documents are the
+clean ones, so `p_corrupted` is `p_original`; the effect of a cell is p_original - p_restored.
 
 Means are taken over the documents at each position label (the key of each document, for
 "key"), so documents of different layouts ablate like for like; a resample draws for each
@@ -48,7 +48,8 @@ def ablation_grid(
 
     Args:
         model, batch, layers, sites, positions, memory_budget, progress: as
-            `interchange_grid` takes them (no corrupted documents: the base is the clean run).
+            `interchange_grid` takes them (no corrupted documents: the run patched is the
+            clean one).
         kind: "mean" or "resample".
         seed: the resample's derangement.
 
@@ -72,9 +73,9 @@ def ablation_grid(
     n = len(batch)
     other = derangement(n, seed).to(device)
 
-    def values(source: dict) -> dict:
+    def values(clean_values: dict) -> dict:
         out = {}
-        for name, stacked in source.items():
+        for name, stacked in clean_values.items():
             per_label = stacked.view(-1, n, *stacked.shape[1:])  # (P, n, ...)
             if kind == "mean":
                 per_label = per_label.mean(1, keepdim=True).expand_as(per_label)
@@ -84,7 +85,9 @@ def ablation_grid(
         return out
 
     try:
-        outputs, p_original, p_base = run_plan(model, plan, batch, batch.tokens, progress, values)
+        outputs, p_original, p_unpatched = run_plan(
+            model, plan, batch, batch.tokens, progress, values
+        )
     finally:
         model.train(was_training)
-    return frame(outputs, plan, p_original, p_base)
+    return frame(outputs, plan, p_original, p_unpatched)

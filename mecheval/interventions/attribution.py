@@ -1,11 +1,12 @@
 """Attribution patching: a first-order estimate of every interchange cell from one forward and
 one backward pass, to screen large grids before running the exact ones.
 
-For a cell (layer, site, position) the effect of patching the source activation a_src into
-the base run is estimated as (a_src - a_base) . d p_answer / d a_base, the gradient taken in
-the base run. `screening_correlation` reports how well the estimates rank cells the way exact
-patching does (Spearman's rank correlation of their Attrib scores). Recurrent `state` sites are
-not screened (their activation is not a single tensor of the forward pass).
+For a cell (layer, site, position) the effect of patching the clean activation a_clean into
+the corrupted run is estimated as (a_clean - a_corrupted) . d p_answer / d a_corrupted, the
+gradient taken in the corrupted run. `screening_correlation` reports how well the estimates
+rank cells the way exact patching does (Spearman's rank correlation of their Attrib scores).
+Recurrent `state` sites are not screened (their activation is not a single tensor of the
+forward pass).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def attribution_patching(
     and kl are NaN: only the answer probability is estimated)."""
     device = next(model.parameters()).device
     batch = batch.to(device)
-    base = torch.as_tensor(corrupted, device=device)
+    corrupted = torch.as_tensor(corrupted, device=device)
     was_training = model.training
     model.eval()
     refs = [r for r in select_sites(model, layers, sites) if r.short != "state"]
@@ -38,14 +39,14 @@ def attribution_patching(
 
     with torch.no_grad(), model.intervene(reads=names) as record:
         clean = model(batch.tokens, at=query)
-    source = dict(record)
+    clean_acts = dict(record)
     with torch.enable_grad(), model.intervene(reads=names) as record:
-        logits = model(base, at=query)
+        logits = model(corrupted, at=query)
         for tensor in record.values():
             tensor.retain_grad()
         p_answer = F.softmax(logits.float(), -1)[rows, answers]
         p_answer.sum().backward()  # rows are independent: each row's gradient is its own
-    base_acts = dict(record)
+    corrupted_acts = dict(record)
     model.zero_grad(set_to_none=True)
     if was_training:
         model.train()
@@ -55,8 +56,8 @@ def attribution_patching(
     labels = expand_positions(positions, batch.width, batch.roles)
     frames = []
     for ref in refs:
-        act = base_acts[ref.name]
-        effect = ((source[ref.name] - act.detach()) * act.grad).sum(-1)  # (n, L)
+        act = corrupted_acts[ref.name]
+        effect = ((clean_acts[ref.name] - act.detach()) * act.grad).sum(-1)  # (n, L)
         for label in labels:
             where = resolve_position(label, batch)
             frames.append(

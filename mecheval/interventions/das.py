@@ -3,28 +3,29 @@ association live?
 
 For a site at a position (a (B, L, C) site, or a mixer's recurrent state after the position,
 flattened) and a subspace size k, DAS learns an orthonormal basis R (C, k) such that swapping
-the base document's activation for the source's in that subspace,
+the corrupted document's activation for the clean one's in that subspace,
 
-    patched = base + (source - base) R R^T,
+    patched = corrupted + (clean - corrupted) R R^T,
 
 makes the model give the answer the causal variable says it should after the swap (Geiger et
 al. 2024; pyvene's low-rank rotated-space intervention: the first k coordinates of a rotation).
 R is trained by gradient descent on the cross-entropy of that answer, the model's weights
 frozen; the interchange intervention accuracy (IIA) on held-out documents then says whether k
 dimensions carry the variable. At k = C, R R^T = I and the patch is the interchange grid's;
-k = 0 rows are the base run unpatched, the level a swap's IIA is measured from.
+k = 0 rows are the corrupted run unpatched, the level a swap's IIA is measured from.
 
-Counterfactual pairs are the task's, as the grid runs them: the base is the corrupted document
-(key or value corrupted), the source the original; the causal variable is the value bound to
-the queried key, so after a swap that carries it the model should give the original's answer.
+Counterfactual pairs are the task's, as the grid runs them: the patched run is the corrupted
+document's (key or value corrupted), the values swapped in the clean document's; the causal
+variable is the value bound to the queried key, so after a swap that carries it the model should
+give the clean document's answer.
 
 Batched: every (site, position, k) combination trains at once, each with its own R: per site
 and step, one backward over (combinations x documents) rows, each row run from the site's
-block on, from the base run's context at a resume point at or before its patch (as the
+block on, from the corrupted run's context at a resume point at or before its patch (as the
 interchange grid runs its cells), and read out at the query alone; a patch that enters a
 recurrent model's last block runs without its recurrence to the query
 (mecheval.interventions.das_last_block), and a row whose swap cannot change the query (it
-cannot reach it, or is the identity there) is not run: its result is the base run's. Their
+cannot reach it, or is the identity there) is not run: its result is the corrupted run's. Their
 losses are summed, so each R gets its own loss's gradient and Adam updates it as it would
 alone, on the same documents in the same order (`das_loop` trains each alone through a forward
 hook, pyvene's way; the tests compare them). What it reads before training:
@@ -100,7 +101,7 @@ class DasResult(NamedTuple):
         bases: one orthonormal basis R per learned combination, (width, k) float32 on the CPU,
             keyed `basis_key(site, position, k)` ("layers.1.block_input/value/4"); the full
             swap (k = width) and no swap (k = 0) learn none. The swap it learned:
-            base + (source - base) @ R @ R.T, on the activation flattened to width numbers.
+            corrupted + (clean - corrupted) @ R @ R.T, on the activation flattened to width numbers.
     """
 
     table: pd.DataFrame
@@ -135,11 +136,11 @@ class Bases(nn.Module):
         """(n, width, k) the bases R, orthonormal columns."""
         return torch.linalg.qr(self.free).Q
 
-    def swap(self, base: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-        """base, source (n, rows, width) -> base + (source - base) R R^T, each of the n with its
-        own R."""
+    def swap(self, corrupted: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
+        """corrupted, clean (n, rows, width) -> corrupted + (clean - corrupted) R R^T, each of
+        the n with its own R."""
         R = self.weight
-        return base + torch.bmm(torch.bmm(source - base, R), R.mT)
+        return corrupted + torch.bmm(torch.bmm(clean - corrupted, R), R.mT)
 
 
 def das(
@@ -157,8 +158,9 @@ def das(
 
     Args:
         model: a `mecheval.models` model (its weights are not changed).
-        batch: the original documents (sources), a task `Batch`.
-        corrupted: (n, L) their counterfactuals (bases), e.g. `task.corrupt(batch, "key")`.
+        batch: the clean documents, a task `Batch`.
+        corrupted: (n, L) their counterfactuals (the documents patched), e.g.
+            `task.corrupt(batch, "key")`.
         sites: short site names ("block_input", "state", ...; default every site).
         positions: position specs as the interchange grid takes them (default the named ones).
         dims: subspace sizes k; those above a site's width are left out for it, and the width
@@ -169,8 +171,8 @@ def das(
 
     Returns:
         `DasResult`: the table, a row per (held-out document, layer, site, position, k),
-        columns `COLUMNS` (`correct`: whether the patched model's top answer is the source's
-        answer, `p_target` its probability); and the learned bases R by `basis_key`.
+        columns `COLUMNS` (`correct`: whether the patched model's top answer is the clean
+        document's answer, `p_target` its probability); and the learned bases R by `basis_key`.
     """
     check_batch(batch)
     settings = settings or DasSettings()
@@ -288,9 +290,9 @@ class _SiteGroup(nn.Module):
     def _patched(self, model, docs, query, learning: bool = False):
         """(the head input at the query of every (combination, document) row, k-group by
         k-group in combination order (`learning`: only those with a basis to learn); the rows'
-        documents): the rows that are not live (`SiteData.live`) take the base's."""
+        documents): the rows that are not live (`SiteData.live`) take the corrupted run's."""
         rows, live, hidden = self._live(model, docs, query, learning)
-        patched = self.data.base_hidden[rows].to(hidden.dtype)
+        patched = self.data.corrupted_hidden[rows].to(hidden.dtype)
         patched[live] = hidden
         return patched, rows
 
@@ -301,7 +303,7 @@ class _SiteGroup(nn.Module):
         keep = live.nonzero()[:, 0]
         data = self.data
         if not len(keep):
-            return rows, live, data.base_hidden.new_empty(0, data.base_hidden.shape[1])
+            return rows, live, data.corrupted_hidden.new_empty(0, data.corrupted_hidden.shape[1])
         values, positions, starts, labels = (
             values[keep],
             positions[keep],
@@ -319,8 +321,8 @@ class _SiteGroup(nn.Module):
         return rows, live, _run_rows(model, data, values, positions, starts, docs, query)
 
     def _swapped(self, docs, learning: bool) -> tuple:
-        """(values (rows, width): the base's activations with the source's swapped in inside
-        each combination's subspace; each row's patched position, resume point, document,
+        """(values (rows, width): the corrupted run's activations with the clean run's swapped
+        in inside each combination's subspace; each row's patched position, resume point, document,
         position label (its index among the site's) and whether it is live)."""
         data = self.data
         index = {label: i for i, label in enumerate(data.positions)}
@@ -329,9 +331,10 @@ class _SiteGroup(nn.Module):
             if learning and k == data.width:
                 continue
             mine = [c for c in self.combos if c.k == k]
-            base = torch.stack([data.base[c.label][docs] for c in mine])  # (m, docs, width)
-            source = torch.stack([data.source[c.label][docs] for c in mine])
-            swapped = source if k == data.width else self.bases[str(k)].swap(base, source)
+            # (m, docs, width) each
+            corrupted = torch.stack([data.corrupted[c.label][docs] for c in mine])
+            clean = torch.stack([data.clean[c.label][docs] for c in mine])
+            swapped = clean if k == data.width else self.bases[str(k)].swap(corrupted, clean)
             values.append(swapped.flatten(0, 1))
             positions += [data.positions[c.label][docs] for c in mine]
             starts += [data.starts[c.label][docs] for c in mine]
@@ -350,7 +353,7 @@ class _SiteGroup(nn.Module):
     def loss(self, model, docs, query, target) -> torch.Tensor | None:
         """The summed losses of the combinations, each the mean cross-entropy of the target
         answer over the documents, less the rows that are not live (constants, whose runs are
-        the base's); None where no row is live."""
+        the corrupted run's); None where no row is live."""
         rows, live, hidden = self._live(model, docs, query, learning=True)
         if not len(hidden):
             return None
@@ -361,13 +364,13 @@ class _SiteGroup(nn.Module):
 
     def evaluate(self, model, docs, query, target) -> pd.DataFrame:
         """A row per (combination, held-out document): `correct` and `p_target` of the patched
-        run (the base run's for the rows that are not live)."""
+        run (the corrupted run's for the rows that are not live)."""
         rows, live, hidden = self._live(model, docs, query, learning=False)
         order = [c for k in self.ks for c in self.combos if c.k == k]
         n = len(docs)
         correct, p_target = (
             np.tile(a, len(order))
-            for a in answers(model, self.data.base_hidden[docs], target[docs])
+            for a in answers(model, self.data.corrupted_hidden[docs], target[docs])
         )
         at = live.cpu().numpy()
         correct[at], p_target[at] = answers(model, hidden, target[rows[live]])
@@ -392,7 +395,7 @@ class _SiteGroup(nn.Module):
 def _run_rows(model, data: SiteData, values, positions, starts, rows, query) -> torch.Tensor:
     """(rows, d_model) the head input at each row's query with `values` put in at its position:
     the site patched, or (a site after its block's mixer) the block's output there; on the
-    engine (`run_patched`), from the base run's contexts at each row's resume point."""
+    engine (`run_patched`), from the corrupted run's contexts at each row's resume point."""
 
     def contexts(start: int, first: int, docs: torch.Tensor) -> list:
         return [context_rows(c, docs) for c in data.contexts[start][first:]]

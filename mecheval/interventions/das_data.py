@@ -1,7 +1,7 @@
 """What DAS reads before it trains (mecheval.interventions.das): the (site, position, k)
-combinations, each site's activations at the patched positions in the clean (source) and
-corrupted (base) runs, the base's residual and contexts its patched runs start from, and the
-no-swap rows (k = 0), the base documents unpatched.
+combinations, each site's activations at the patched positions in the clean and corrupted
+runs, the corrupted run's residual and contexts its patched runs start from, and the no-swap
+rows (k = 0), the corrupted documents unpatched.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from mecheval.interventions.plan import (
 from mecheval.interventions.positions import expand_positions, resolve_position
 
 DEFAULT_DIMS = (1, 2, 4, 8, 16, 32, 64)
-# Bytes the base contexts at the resume points may take (as the interchange grid's default).
+# Bytes the corrupted run's contexts at the resume points may take (as the interchange grid's
+# default).
 GRID_MEMORY_BUDGET = 1 << 30
 
 
@@ -49,35 +50,36 @@ class Combination:
 class SiteData:
     """What one site's combinations need, read once from the clean and corrupted runs:
     activations at each label's positions (label -> (n, width), in the compute dtype), the
-    base's residual entering the block patched runs start at (the site's, or the next one for
-    a site after its block's mixer, as the interchange grid runs them), and the positions."""
+    corrupted run's residual entering the block patched runs start at (the site's, or the next
+    one for a site after its block's mixer, as the interchange grid runs them), and the
+    positions."""
 
     ref: SiteRef
     width: int
     shape: tuple[int, ...]  # the activation's shape after the batch axis
-    base: dict[str, torch.Tensor]
-    source: dict[str, torch.Tensor]
+    corrupted: dict[str, torch.Tensor]
+    clean: dict[str, torch.Tensor]
     positions: dict[str, torch.Tensor]
     starts: dict[str, torch.Tensor]  # label -> (n,) the resume point each row runs from
     residual: torch.Tensor  # (n, needed, d_model) entering block first_block
-    contexts: dict[int, list]  # resume point -> every block's base context there
+    contexts: dict[int, list]  # resume point -> every block's context there in the corrupted run
     first_block: int
-    # After the mixer: the base's input of the site's block, and (after the MLP's input) its
-    # mixer's output, (n, needed, d_model) each, for one-position runs of the block.
+    # After the mixer: the corrupted run's input of the site's block, and (after the MLP's
+    # input) its mixer's output, (n, needed, d_model) each, for one-position runs of the block.
     block_input: torch.Tensor | None = None
     mixer_output: torch.Tensor | None = None
-    # The base's mixer input in block first_block (n, needed, d_model); None past the last.
+    # The corrupted run's mixer input in block first_block (n, needed, d_model); None past the last.
     mixer_input: torch.Tensor | None = None
     # label -> (n,) the documents whose swap there can change the query (`mark_live`), and
-    # (n, d_model) the base's head input at each query, every other row's result.
+    # (n, d_model) the corrupted run's head input at each query, every other row's result.
     live: dict[str, torch.Tensor] = field(default_factory=dict)
-    base_hidden: torch.Tensor | None = None
+    corrupted_hidden: torch.Tensor | None = None
 
 
 def prepare(model, batch, corrupted, sites, positions, dims, layers, holdout: float):
     """(site data by name, combinations by site name, the answers, the query positions, the
     training documents, the held-out documents): every site's activations read once from the
-    clean and corrupted runs, with the resume points of the base run."""
+    clean and corrupted runs, with the resume points of the corrupted run."""
     device = next(model.parameters()).device
     batch = batch.to(device)
     corrupted = torch.as_tensor(corrupted, device=device)
@@ -136,8 +138,8 @@ def left_out(dims, widths: dict[str, int]) -> dict[str, list[int]]:
 
 
 def _read(model, refs, where, tokens, corrupted, needed) -> dict[str, SiteData]:
-    """Every site's activations at each label's positions in the clean (source) and corrupted
-    (base) runs, and the base's residual entering each site's block."""
+    """Every site's activations at each label's positions in the clean and corrupted runs,
+    and the corrupted run's residual entering each site's block."""
     labels = list(where)
     at = torch.stack([where[label] for label in labels], dim=1)  # (n, P)
     reads = {r.name: (at if r.short == "state" else None) for r in refs}
@@ -190,7 +192,7 @@ def _read(model, refs, where, tokens, corrupted, needed) -> dict[str, SiteData]:
 
 def _add_resume_points(model, data, where, corrupted, query, needed) -> None:
     """Each row's resume point (the interchange grid's: the largest at or before its patch;
-    0 where the model cannot resume) and the base run's contexts there."""
+    0 where the model cannot resume) and the corrupted run's contexts there."""
     n = len(corrupted)
     points: list[int] = []
     if model.can_resume(0):
@@ -208,32 +210,32 @@ def _add_resume_points(model, data, where, corrupted, query, needed) -> None:
         label: table[torch.searchsorted(table, at, right=True) - 1] for label, at in where.items()
     }
     for site in data.values():
-        site.starts, site.contexts, site.base_hidden = starts, contexts, hidden
+        site.starts, site.contexts, site.corrupted_hidden = starts, contexts, hidden
 
 
 def _mark_live(model, data: dict[str, SiteData], query: torch.Tensor) -> None:
     """Each site's live rows: those whose swap can change the logits at the query, at every
     k. Not live: a patch that cannot reach the query (after it; the state after it; after the
-    last block's mixer but not at it: plan.reaches_query), or whose source and base
+    last block's mixer but not at it: plan.reaches_query), or whose clean and corrupted
     activations are equal (the documents agree up to there, or a token-local site where they
     hold the same token), so that every swap there is the identity. Either way the patched
-    run is the base run, and no R gets a gradient from the row."""
+    run is the corrupted run, and no R gets a gradient from the row."""
     reach = query_reach(model)
     for site in data.values():
         site.live = {
             label: reaches_query(site.ref, at, query, reach)
-            & (site.source[label] != site.base[label]).any(1)
+            & (site.clean[label] != site.corrupted[label]).any(1)
             for label, at in site.positions.items()
         }
 
 
-def _entering(ref: SiteRef, base: dict, needed: int) -> tuple:
+def _entering(ref: SiteRef, corrupted: dict, needed: int) -> tuple:
     """(residual, contexts, first_block, block_input, mixer_output) of a site's SiteData: a
-    site after its block's mixer restarts at the next block, on the base's block output with
-    the patched position's put in (`block_output_at`)."""
+    site after its block's mixer restarts at the next block, on the corrupted run's block
+    output with the patched position's put in (`block_output_at`)."""
 
     def read(short: str) -> torch.Tensor:
-        return base[f"layers.{ref.layer}.{short}"][:, :needed]
+        return corrupted[f"layers.{ref.layer}.{short}"][:, :needed]
 
     if ref.short not in AFTER_MIXER:
         return read("block_input"), {}, ref.layer, None, None
@@ -243,10 +245,10 @@ def _entering(ref: SiteRef, base: dict, needed: int) -> tuple:
 
 @torch.no_grad()
 def unswapped(model, data: dict[str, SiteData], docs, target) -> pd.DataFrame:
-    """The k = 0 rows of every (site, position): the base documents unpatched (the base run's
-    head input at the query), whose IIA (how often the base alone gives the source's answer)
-    a swap's is measured from."""
-    hidden = next(iter(data.values())).base_hidden[docs]
+    """The k = 0 rows of every (site, position): the corrupted documents unpatched (the
+    corrupted run's head input at the query), whose IIA (how often the corrupted run alone
+    gives the clean document's answer) a swap's is measured from."""
+    hidden = next(iter(data.values())).corrupted_hidden[docs]
     correct, p_target = answers(model, hidden, target[docs])
     frames = [
         pd.DataFrame(

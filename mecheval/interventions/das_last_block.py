@@ -2,20 +2,21 @@
 patch to the query (mecheval.interventions.das runs every other site from its block on).
 
 Every scan at positions is affine in its state (mecheval_kernels.scan_at): the last block's scan
-output at the query is the base run's plus a linear map, the readout, of the change a patch makes to
-the state after a position before it. Each scan's output at a position reads the state elementwise
-along the output's own axes and contracts the one left (`READOUT_AXES`), so the readout from a
-position has the state's shape: the gradient of the scan's output at the query, summed, with respect
-to the state it starts from there, formed once per document and position label (a backward of the
-base's scan from the position to the query, all of them in a few runs of similar lengths).
+output at the query is the corrupted run's plus a linear map, the readout, of the change a patch
+makes to the state after a position before it. Each scan's output at a position reads the state
+elementwise along the output's own axes and contracts the one left (`READOUT_AXES`), so the readout
+from a position has the state's shape: the gradient of the scan's output at the query, summed, with
+respect to the state it starts from there, formed once per document and position label (a backward
+of the corrupted run's scan from the position to the query, all of them in a few runs of similar
+lengths).
 
 A recurrent mixer's scan inputs at a position are projections of its input there and, through
 its short convolutions (w the widest, 1 without), of its inputs at the w - 1 before. So a patch
 of the residual entering the last block at p (its block input, or a site after the previous
 block's mixer) changes the scan's inputs at p .. p + w - 1 alone, and a patch of its state
 after p changes none: the block runs over those positions (from p, or from p + 1 with the
-patched state) from the base's context there, and the change in the state it leaves after
-p + w - 1 reaches the query through the readout from there. Where the query lies among the
+patched state) from the corrupted run's context there, and the change in the state it leaves
+after p + w - 1 reaches the query through the readout from there. Where the query lies among the
 positions run, the block's output there is read directly. The mixer's output, the rest of the
 block and the final norm then run at the query alone. In exact arithmetic this is the full
 patched run's computation; the tests compare the two.
@@ -54,8 +55,8 @@ READOUT_FLOATS = 1 << 26
 
 @dataclass
 class LastBlock:
-    """What one site's patched runs in the last block need, read once from the base run. Per
-    position label (the first axis of each (P, n, ...) tensor, in the order of the site's
+    """What one site's patched runs in the last block need, read once from the corrupted
+    run. Per position label (the first axis of each (P, n, ...) tensor, in the order of the site's
     `positions`) and document."""
 
     layer: int
@@ -64,12 +65,13 @@ class LastBlock:
     axes: tuple[int, int]  # the readout's contracted state axis and its output's time axis
     positions: torch.Tensor  # (P, n) the patched positions
     readout: torch.Tensor  # (P, n, *state) from the state after p + w - 1 to the query
-    base_state: torch.Tensor  # (P, n, *state) the base's state there
-    scan_out: torch.Tensor  # (n, ...) the base's scan output at the query
+    corrupted_state: torch.Tensor  # (P, n, *state) the corrupted run's state there
+    scan_out: torch.Tensor  # (n, ...) the corrupted run's scan output at the query
     aside: torch.Tensor | None  # (n, ...) what the mixer's output reads beside it
-    residual: torch.Tensor  # (n, needed, d_model) the base's residual entering the block
+    residual: torch.Tensor  # (n, needed, d_model) the corrupted run's residual entering the block
     query: torch.Tensor  # (n,)
-    contexts: tuple  # each entry (P, n, ...): the base's context where the block's run starts
+    # each entry (P, n, ...): the corrupted run's context where the block's run starts
+    contexts: tuple
 
     def hidden(self, model, values, labels, docs) -> torch.Tensor:
         """(rows, d_model) the head input at each row's query with `values` (rows, ...) put in
@@ -77,7 +79,7 @@ class LastBlock:
         if self.state_site:
             values = values.view(len(values), *self.readout.shape[2:])
         outputs, state = self._run(model, values, labels, docs)
-        change = state.to(self.readout.dtype) - self.base_state[labels, docs]
+        change = state.to(self.readout.dtype) - self.corrupted_state[labels, docs]
         contracted, time = self.axes
         moved = (self.readout[labels, docs] * change).sum(contracted).unsqueeze(time)
         at = self.query[docs]
@@ -95,9 +97,10 @@ class LastBlock:
         return hidden_at(model, self.layer + 1, output[:, None], torch.zeros_like(at))
 
     def _run(self, model, values, labels, docs) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """The block over its `window` positions from each row's patch, from the base's context
-        there: (its outputs (rows, window, d_model), None without a run; the state it leaves).
-        `values`: the residual at the first position, or the state that starts the run."""
+        """The block over its `window` positions from each row's patch, from the corrupted run's
+        context there: (its outputs (rows, window, d_model), None without a run; the state it
+        leaves). `values`: the residual at the first position, or the state that starts the
+        run."""
         context = tuple(c[labels, docs] for c in self.contexts)
         if self.state_site:
             if not self.window:
@@ -128,28 +131,28 @@ def last_blocks(model, data: dict[str, SiteData], query: torch.Tensor) -> dict[s
         scan_at, _, aside = mixer.scan_inputs(site.mixer_input, *mixer.context_in(None), None)
         if not _known_scan(scan_at):
             return {}
-        base = scan_at(out_at=query, return_final_state=True)
+        corrupted = scan_at(out_at=query, return_final_state=True)
     positions = torch.stack(list(site.positions.values()))  # (P, n), every site's the same
     last = site.residual.shape[1] - 1
     width = max([mixer.conv_width(prefix) for prefix in mixer.convs], default=1)
-    shape = base.final_state.shape[1:]
+    shape = corrupted.final_state.shape[1:]
     measured = (positions + width - 1).clamp(max=last)
     reads = _read_block(model, layer, site.residual, positions)
     readout = _readouts(mixer, site.mixer_input, query, measured, shape, reads)
     before = reads["state"].transpose(0, 1)  # (P, n, *state) after p - 1
     residual = LastBlock(
         layer=layer, state_site=False, window=width, axes=READOUT_AXES[scan_at.args[0]],
-        positions=positions, readout=readout, base_state=readout, scan_out=base.out,
+        positions=positions, readout=readout, corrupted_state=readout, scan_out=corrupted.out,
         aside=aside, residual=site.residual, query=query,
         contexts=_contexts_at(mixer, reads, before, positions, last),
     )  # fmt: skip
-    residual.base_state = _base_state(model, residual)
+    residual.corrupted_state = _corrupted_state(model, residual)
     blocks = {}
     for name, kind in kinds.items():
         if kind == "residual":
             blocks[name] = dataclasses.replace(residual, residual=data[name].residual)
             continue
-        after = torch.stack([v.view(-1, *shape) for v in data[name].base.values()])
+        after = torch.stack([v.view(-1, *shape) for v in data[name].corrupted.values()])
         contexts = _contexts_at(mixer, reads, after.to(before), positions + 1, last)
         blocks[name] = dataclasses.replace(
             residual, state_site=True, window=width - 1, contexts=contexts
@@ -158,15 +161,16 @@ def last_blocks(model, data: dict[str, SiteData], query: torch.Tensor) -> dict[s
 
 
 @torch.no_grad()
-def _base_state(model, found: LastBlock) -> torch.Tensor:
-    """(P, n, *state) the base's state after p + w - 1, where a `LastBlock` measures the
-    change a patch makes: `found`'s block run (of the residual's kind) on the base's residual."""
+def _corrupted_state(model, found: LastBlock) -> torch.Tensor:
+    """(P, n, *state) the corrupted run's state after p + w - 1, where a `LastBlock` measures
+    the change a patch makes: `found`'s block run (of the residual's kind) on the corrupted run's
+    residual."""
     rows = torch.arange(len(found.query), device=found.query.device)
     last = found.residual.shape[1] - 1
     states = []
     for j, at in enumerate(found.positions):
-        base = found.residual[rows, at.clamp(max=last)]
-        states.append(found._run(model, base, torch.full_like(at, j), rows)[1])
+        residual = found.residual[rows, at.clamp(max=last)]
+        states.append(found._run(model, residual, torch.full_like(at, j), rows)[1])
     return torch.stack(states).to(found.readout)
 
 
@@ -198,9 +202,9 @@ def _readouts(mixer, h, query, measured, shape, reads: dict) -> torch.Tensor:
     """(P, n, *shape) the readouts from the state after positions `measured` (P, n) to the
     query of each document (zero where the position is not before it): the gradient of the
     scan's output at the query, summed, with respect to the state it starts from at the next
-    position (the scan of the base's inputs there, their short convolutions resumed from the
-    base's windows in `reads`). Rows of similar length run together, in READOUT_GROUPS runs
-    or more (within READOUT_FLOATS each)."""
+    position (the scan of the corrupted run's inputs there, their short convolutions resumed from
+    the corrupted run's windows in `reads`). Rows of similar length run together, in
+    READOUT_GROUPS runs or more (within READOUT_FLOATS each)."""
     weights = h.new_zeros(*measured.shape, *shape, dtype=torch.float32)
     label, doc = (measured < query).nonzero(as_tuple=True)
     start = measured[label, doc] + 1
@@ -243,7 +247,7 @@ def _inputs_before(inputs: torch.Tensor, starts: torch.Tensor, width: int, last:
 def _read_block(model, layer: int, residual, positions) -> dict:
     """The last block's short convolutions' inputs (n, needed, C) and its states after the
     positions just before `positions` (P, n) (n, P, *state), by short site name: one no-grad
-    run of the block on the base's residual."""
+    run of the block on the corrupted run's residual."""
     mixer = model.layers[layer].mixer
     name = lambda short: f"layers.{layer}.{short}"  # noqa: E731
     reads = {name(f"{prefix}_input"): None for prefix in mixer.convs}

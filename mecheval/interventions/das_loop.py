@@ -76,27 +76,27 @@ class _Run:
         self.model, self.site, self.label, self.bases = model, site, label, bases
         self.corrupted, self.query = corrupted, query
 
-    def _swap(self, base: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    def _swap(self, corrupted: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
         if self.bases is None:  # the full swap
-            return source
-        return self.bases.swap(base[None], source[None])[0]
+            return clean
+        return self.bases.swap(corrupted[None], clean[None])[0]
 
     def __call__(self, docs: torch.Tensor) -> torch.Tensor:
         model, site = self.model, self.site
         where = site.positions[self.label][docs]
-        source = site.source[self.label][docs]
+        clean = site.clean[self.label][docs]
         rows = torch.arange(len(docs), device=docs.device)
         if site.ref.short == "state":  # no hook reaches inside a scan
-            base = site.base[self.label][docs]
-            values = self._swap(base, source).view(len(docs), *site.shape)
+            corrupted = site.corrupted[self.label][docs]
+            values = self._swap(corrupted, clean).view(len(docs), *site.shape)
             with model.intervene(patches={site.ref.name: (where, values)}):
                 logits = model(self.corrupted[docs])
         else:
 
             def swap(module, inputs, output):
                 patched = output.clone()
-                base = output[rows, where].float()
-                patched[rows, where] = self._swap(base, source).to(output)
+                corrupted = output[rows, where].float()
+                patched[rows, where] = self._swap(corrupted, clean).to(output)
                 return patched
 
             handle = model.site(site.ref.name).register_forward_hook(swap)

@@ -122,7 +122,7 @@ def edge_attribution(
     check_int("steps", steps, 1)
     device = next(model.parameters()).device
     batch = batch.to(device)
-    base = torch.as_tensor(corrupted, device=device)
+    corrupted = torch.as_tensor(corrupted, device=device)
     query, answers = batch.positions["query"], batch.answers
     site = f"layers.{layer}.{sender}"
     was_training = model.training
@@ -131,7 +131,7 @@ def edge_attribution(
     try:
         with torch.no_grad(), model.intervene(reads={site: None}) as record:
             clean = model(batch.tokens, at=query)
-        source = record[site]
+        clean_values = record[site]
         entering = f"layers.{layer}.block_input"
         reads = {entering: None, site: None, **_reads(model, layer, routes)}
         for label in expand_positions(positions, batch.width, batch.roles):
@@ -139,9 +139,9 @@ def edge_attribution(
             rows = torch.arange(len(batch), device=device)
             state = {f"layers.{layer}.state": at} if "state" in routes else {}
             with torch.no_grad(), model.intervene(reads={**reads, **state}) as corrupt:
-                logits = model(base, at=query)
+                logits = model(corrupted, at=query)
             residual = corrupt[entering]
-            sent = source[rows, at]
+            sent = clean_values[rows, at]
             with (
                 torch.no_grad(),
                 model.intervene(

@@ -1,8 +1,9 @@
-"""The patched-run engine every intervention kind runs on: the clean and base runs, the base
-run's mixer contexts at resume points, rows patched at one position each and run from their
-block and resume point (`run_patched`), and the answer's metrics at the query. The interchange
-grid (mecheval.interventions.grid), the ablations, DAS (mecheval.interventions.das) and path
-patching are its clients; what a plan prunes and why: mecheval.interventions.plan.
+"""The patched-run engine every intervention kind runs on: the clean run and the run patched
+(the corrupted documents', or the clean ones' in an ablation), that run's mixer contexts at
+resume points, rows patched at one position each and run from their block and resume point
+(`run_patched`), and the answer's metrics at the query. The interchange grid
+(mecheval.interventions.grid), the ablations, DAS (mecheval.interventions.das) and path patching
+are its clients; what a plan prunes and why: mecheval.interventions.plan.
 """
 
 from __future__ import annotations
@@ -105,10 +106,11 @@ class Metrics:
 def corrupted_run(
     model, embedded: torch.Tensor, query: torch.Tensor, reads: dict, points: list[int], needed: int
 ):
-    """The base (corrupted) run, once, over positions [0, needed): its head input at each row's
-    query, the sites `reads` names (n, needed, C), and point -> every layer's mixer context
-    after positions [0, point) (only given resume `points`: the run then goes in segments split
-    at them, or is one pass whose reads give the contexts)."""
+    """The run patched (the corrupted documents', or the clean ones' in an ablation), once and
+    unpatched, over positions [0, needed): its head input at each row's query, the sites
+    `reads` names (n, needed, C), and point -> every layer's mixer context after positions
+    [0, point) (only given resume `points`: the run then goes in segments split at them, or is
+    one pass whose reads give the contexts)."""
     if not points:
         with model.intervene(reads=reads) as record:
             hidden = hidden_at(model, 0, embedded[:, :needed], query)
@@ -148,10 +150,10 @@ def corrupted_run(
 
 
 class Contexts:
-    """The base run's mixer contexts at each resume point, handed out for a chunk's rows. The
-    rows of a chunk recur from site to site (the same cells, bucketed the same way), so each
-    selection is gathered once and kept while the kept ones fit in `budget` bytes; a chunk of
-    every document in order takes the contexts as they are."""
+    """The mixer contexts of the run patched at each resume point, handed out for a chunk's
+    rows. The rows of a chunk recur from site to site (the same cells, bucketed the same
+    way), so each selection is gathered once and kept while the kept ones fit in `budget`
+    bytes; a chunk of every document in order takes the contexts as they are."""
 
     def __init__(self, at_point: dict[int, list], n: int, budget: int) -> None:
         self.at_point, self.n, self.budget = at_point, n, budget
@@ -191,9 +193,9 @@ def run_patched(
     """(rows, d_model) the head input at each row's query, row r its document docs[r] with
     `site` patched at positions[r] with values[r] (`output`: the block before `first_block`'s
     output there, which the next block reads exactly: the residual entering it is patched).
-    Rows run in buckets by resume point starts[r], from `residual` (the base run's residual
-    entering `first_block`, (n, L, d_model)) and, past position 0, from the base run's mixer
-    contexts there (`contexts(start, first_block, docs)`), `chunk` rows at a time."""
+    Rows run in buckets by resume point starts[r], from `residual` (the residual of the
+    run patched entering `first_block`, (n, L, d_model)) and, past position 0, from that run's
+    mixer contexts there (`contexts(start, first_block, docs)`), `chunk` rows at a time."""
     hidden = residual.new_empty(len(docs), residual.shape[-1])
     if values.requires_grad:
         hidden = hidden.to(values.dtype)
@@ -220,10 +222,10 @@ def run_patched(
 def block_output_at(model, ref, values, block_input, mixer_output=None) -> torch.Tensor:
     """(m, d_model): the output of block ref.layer at one position per row when the site after
     its mixer (ref) is patched there with values (m, ...). After its mixer a block acts on each
-    position alone, so a one-position run of it from the base's input there (block_input
-    (m, d_model)), its mixer's output set to the base's (mixer_output (m, d_model), for the
+    position alone, so a one-position run of it from the run patched's input there (block_input
+    (m, d_model)), its mixer's output set to that run's (mixer_output (m, d_model), for the
     sites after the MLP's input) and the site's patch on top, gives that output; a patched run
-    then restarts at the next block, on the base's block output with this one put in."""
+    then restarts at the next block, on that run's block output with this one put in."""
     zero = torch.zeros(len(values), dtype=torch.long, device=values.device)
     patches = {ref.name: (zero, values)}
     if mixer_output is not None:

@@ -58,8 +58,9 @@ def interchange_grid(
 
     Args:
         model: a `mecheval.models` model.
-        batch: the original documents (the source), a task `Batch` of n documents.
-        corrupted: (n, L) the counterfactual tokens (the base), e.g. `task.corrupt(batch, ...)`.
+        batch: the clean documents, a task `Batch` of n documents.
+        corrupted: (n, L) the counterfactual tokens (the corrupted documents, the ones patched),
+            e.g. `task.corrupt(batch, ...)`.
         layers: layer indices (default all).
         sites: short site names such as "block_input" or "state" (default all of the model's).
         positions: position specs (default "key", "value", "divider", "query"); "all" means
@@ -69,7 +70,7 @@ def interchange_grid(
 
     Returns:
         a DataFrame with a row per (example, layer, site, position) and columns `COLUMNS`:
-        probabilities of the original answer at the query position in the clean run
+        probabilities of the clean answer at the query position in the clean run
         (p_original), the corrupted run (p_corrupted) and the patched run (p_restored), the
         answer's logit in the patched run, and KL(clean || patched) over the vocabulary.
     """
@@ -108,7 +109,7 @@ def check_vocabulary(model, batch: Batch, corrupted: torch.Tensor) -> None:
             )
 
 
-def _sources(model, plan: GridPlan, batch: Batch) -> tuple[dict, torch.Tensor]:
+def _clean_values(model, plan: GridPlan, batch: Batch) -> tuple[dict, torch.Tensor]:
     """The clean run's values at every site, stacked like the cells ((P n, ...): cell i's
     value at its document and position), and its head input at the query. The clean run reads
     each row's patched positions in one pass (a scan returns the states there), over blocks
@@ -119,7 +120,7 @@ def _sources(model, plan: GridPlan, batch: Batch) -> tuple[dict, torch.Tensor]:
     names = [s.ref.name for s in plan.sites]
     states = [s.ref.name for s in plan.sites if s.ref.short == "state"]
     block = clean_run_block(model, n, length, labels, plan.memory_budget) if states else n
-    source, clean = {}, []
+    clean_values, clean = {}, []
     for start in range(0, n, block):
         rows = slice(start, min(n, start + block))
         reads = {name: at[rows] if name in states else None for name in names}
@@ -129,31 +130,32 @@ def _sources(model, plan: GridPlan, batch: Batch) -> tuple[dict, torch.Tensor]:
             picked = record[name]  # (b, P, ...) for a state, else (b, L, ...) every position
             if name not in states:
                 picked = picked[torch.arange(picked.shape[0], device=at.device)[:, None], at[rows]]
-            if name not in source:
-                source[name] = picked.new_empty(labels, n, *picked.shape[2:])
-            source[name][:, rows] = picked.transpose(0, 1)
-    source = {name: t.view(labels * n, *t.shape[2:]) for name, t in source.items()}
-    return source, torch.cat(clean)
+            if name not in clean_values:
+                clean_values[name] = picked.new_empty(labels, n, *picked.shape[2:])
+            clean_values[name][:, rows] = picked.transpose(0, 1)
+    clean_values = {name: t.view(labels * n, *t.shape[2:]) for name, t in clean_values.items()}
+    return clean_values, torch.cat(clean)
 
 
 def run_plan(
     model, plan: GridPlan, batch: Batch, corrupted: torch.Tensor, progress: bool, values=None
 ):
-    """Every live cell of the plan, patched into the base documents `corrupted` with the
-    clean run's values at its site and position (`values`, given: a function of those, the
-    stacked source dict, returning the values to patch): (per site: ref, p_restored, logit,
-    kl), p_original, p_corrupted (the base run's)."""
+    """Every live cell of the plan, patched into the documents `corrupted` (the corrupted
+    ones, or the clean ones for an ablation) with the clean run's values at its site and
+    position (`values`, given: a function of those, the stacked dict of the clean run's
+    values, returning the values to patch): (per site: ref, p_restored, logit, kl),
+    p_original, p_corrupted (the patched documents' run unpatched)."""
     query, answers = batch.positions["query"], batch.answers
-    source, clean = _sources(model, plan, batch)
+    clean_values, clean = _clean_values(model, plan, batch)
     if values is not None:
-        source = values(source)
-    # The base's residual stream entering each block a site's cells restart at (the next
+        clean_values = values(clean_values)
+    # The patched run's residual stream entering each block a site's cells restart at (the next
     # one for the sites after a mixer), and what a one-position run of a block needs.
     shorts = {(s.ref.layer, s.ref.short) for s in plan.sites}
     reads = {f"layers.{i}.block_input": None for i, short in shorts if short != "block_output"}
     reads.update({f"layers.{i}.block_output": None for i, sh in shorts if sh in AFTER_MIXER})
     reads.update({f"layers.{i}.mixer_output": None for i, sh in shorts if sh in AFTER_MLP_INPUT})
-    corrupt_hidden, base, at_point = corrupted_run(
+    corrupt_hidden, corrupted_reads, at_point = corrupted_run(
         model, model.embed(corrupted), query, reads, plan.points, plan.needed
     )
 
@@ -168,13 +170,18 @@ def run_plan(
         results = tuple(m[plan.example].clone() for m in corrupt)
         for column, clean_column in zip(results, restored, strict=True):  # the clean run's
             column[site.restored] = clean_column[plan.example[site.restored]]
-        _run_site(model, plan, site, source[site.ref.name], base, contexts, metrics, batch, results)
+        site_values = clean_values[site.ref.name]
+        _run_site(
+            model, plan, site, site_values, corrupted_reads, contexts, metrics, batch, results
+        )
         outputs.append((site.ref, *results))
     _copy_results(plan, outputs)
     return outputs, p_original, corrupt[0]
 
 
-def _run_site(model, plan, site, values, base, contexts, metrics, batch, results) -> None:
+def _run_site(
+    model, plan, site, values, corrupted_reads, contexts, metrics, batch, results
+) -> None:
     """Run one site's live cells on the engine (`run_patched`), writing their (p_restored,
     logit, kl) into `results`."""
     ref, live = site.ref, site.live
@@ -182,8 +189,9 @@ def _run_site(model, plan, site, values, base, contexts, metrics, batch, results
         return
     is_output = ref.short in AFTER_MIXER  # restarts at the next block, on its output
     if ref.short != "block_output" and is_output:
-        values = _block_outputs(model, ref, values, live, plan, base)
-    residual = base[f"layers.{ref.layer}.{'block_output' if is_output else 'block_input'}"]
+        values = _block_outputs(model, ref, values, live, plan, corrupted_reads)
+    entering = "block_output" if is_output else "block_input"
+    residual = corrupted_reads[f"layers.{ref.layer}.{entering}"]
     rows = plan.example[live]
     hidden = run_patched(
         model,
@@ -213,14 +221,16 @@ def _copy_results(plan: GridPlan, outputs: list) -> None:
                 column[site.copied] = theirs[site.copied]
 
 
-def _block_outputs(model, ref, values: torch.Tensor, cells: torch.Tensor, plan, base: dict):
+def _block_outputs(
+    model, ref, values: torch.Tensor, cells: torch.Tensor, plan, corrupted_reads: dict
+):
     """(P n, d_model): at `cells`, the output of block ref.layer at the cell's position when
     the site after the block's mixer is patched there with `values` (`block_output_at`)."""
     rows, at = plan.example[cells], plan.positions[cells]
     mixer_output = None
     if ref.short in AFTER_MLP_INPUT:
-        mixer_output = base[f"layers.{ref.layer}.mixer_output"][rows, at]
-    x = base[f"layers.{ref.layer}.block_input"][rows, at]
+        mixer_output = corrupted_reads[f"layers.{ref.layer}.mixer_output"][rows, at]
+    x = corrupted_reads[f"layers.{ref.layer}.block_input"][rows, at]
     patched = block_output_at(model, ref, values[cells], x, mixer_output)
     outputs = x.new_zeros(len(plan.positions), x.shape[-1])
     outputs[cells] = patched

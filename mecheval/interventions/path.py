@@ -147,7 +147,7 @@ def path_patching(
     routes, receiver = _check(model, layer, sender, routes, receiver)
     device = next(model.parameters()).device
     batch = batch.to(device)
-    base = torch.as_tensor(corrupted, device=device)
+    corrupted = torch.as_tensor(corrupted, device=device)
     was_training = model.training
     model.eval()
     try:
@@ -155,7 +155,7 @@ def path_patching(
             _chunk(
                 model,
                 batch[first : first + chunk],
-                base[first : first + chunk],
+                corrupted[first : first + chunk],
                 first,
                 layer,
                 sender,
@@ -170,12 +170,12 @@ def path_patching(
     return pd.concat(frames, ignore_index=True)[list(PATH_COLUMNS)]
 
 
-def _chunk(model, batch, base, first, layer, sender, positions, routes, receiver):
+def _chunk(model, batch, corrupted, first, layer, sender, positions, routes, receiver):
     query, answers = batch.positions["query"], batch.answers
     site = f"layers.{layer}.{sender}"
     with model.intervene(reads={site: None}) as record:
         clean = hidden_at(model, 0, model.embed(batch.tokens), query)
-    source = record[site]
+    clean_values = record[site]
     metrics = Metrics.of(model, clean)
     p_original = metrics(clean, answers, None)[0]
     entering = f"layers.{layer}.block_input"
@@ -183,7 +183,7 @@ def _chunk(model, batch, base, first, layer, sender, positions, routes, receiver
     if receiver is not None:
         reads[receiver] = query
     with model.intervene(reads=reads) as corrupt:
-        hidden = hidden_at(model, 0, model.embed(base), query)
+        hidden = hidden_at(model, 0, model.embed(corrupted), query)
     residual = corrupt[entering]
     p_corrupted = metrics(hidden, answers, None)[0]
 
@@ -200,7 +200,7 @@ def _chunk(model, batch, base, first, layer, sender, positions, routes, receiver
     for label in expand_positions(positions, batch.width, batch.roles):
         at = resolve_position(label, batch)
         rows = torch.arange(len(batch), device=at.device)
-        sent = source[rows, at]
+        sent = clean_values[rows, at]
         state = {f"layers.{layer}.state": at} if "state" in routes else {}
         with model.intervene(reads={**_reads(model, layer, routes), **state},
                              patches={site: (at, sent)}) as patched:  # fmt: skip

@@ -40,7 +40,7 @@ def per_cell_loop(
     """Same arguments and result as `interchange_grid`, computed one cell at a time."""
     device = next(model.parameters()).device
     batch = batch.to(device)
-    base = torch.as_tensor(corrupted, device=device)
+    corrupted = torch.as_tensor(corrupted, device=device)
     model.eval()
     n, length = batch.tokens.shape
     rows = torch.arange(n, device=device)
@@ -50,14 +50,14 @@ def per_cell_loop(
     clean = _answer_distribution(model, batch.tokens, query)
     log_p_original = F.log_softmax(clean, -1)
     p_original = log_p_original.gather(1, answers[:, None])[:, 0].exp()
-    corrupt = _answer_distribution(model, base, query)
+    corrupt = _answer_distribution(model, corrupted, query)
     p_corrupted = F.softmax(corrupt, -1).gather(1, answers[:, None])[:, 0]
 
     records = []
     for ref in select_sites(model, layers, sites):
         module = model.site(ref.name)
         if ref.short != "state":
-            source = _capture(model, module, batch.tokens)
+            clean_values = _capture(model, module, batch.tokens)
         for label in labels:
             where = resolve_position(label, batch)
             if ref.short == "state":
@@ -66,9 +66,9 @@ def per_cell_loop(
                 with model.intervene(reads={ref.name: where}) as record:
                     model(batch.tokens)
                 with model.intervene(patches={ref.name: (where, record[ref.name])}):
-                    logits = _answer_distribution(model, base, query)
+                    logits = _answer_distribution(model, corrupted, query)
             else:
-                values = source[rows, where]
+                values = clean_values[rows, where]
 
                 def patch(m, i, out, where=where, values=values):
                     out = out.clone()
@@ -76,7 +76,7 @@ def per_cell_loop(
                     return out
 
                 handle = module.register_forward_hook(patch)
-                logits = _answer_distribution(model, base, query)
+                logits = _answer_distribution(model, corrupted, query)
                 handle.remove()
             log_p = F.log_softmax(logits, -1)
             p_restored = log_p.gather(1, answers[:, None])[:, 0].exp()
@@ -183,18 +183,18 @@ def _route_loop(model, batch, corrupted, layer, label, route, receiver=None):
     mixer_module = model.layers[layer].mixer
     windows = [f"layers.{layer}.{s}" for s in mixer_module.conv_sites
                if f"layers.{layer}.{s}" in model.site_names()]  # fmt: skip
-    out = []
+    out, length = [], corrupted.shape[1]
     for i in range(len(batch)):
-        clean, base = batch.tokens[i : i + 1], corrupted[i : i + 1]
+        clean, corrupted_doc = batch.tokens[i : i + 1], corrupted[i : i + 1]
         p = int(resolve_position(label, batch)[i])
         q, answer = int(batch.positions["query"][i]), int(batch.answers[i])
         _, c = _hooked(model, clean, capture=[sender])
         sent = c[sender][0, p]
         state = f"layers.{layer}.state"
         has_state = state in model.site_names()
-        _, corrupt = _hooked(model, base, capture=[output, mixer, *windows],
+        _, corrupt = _hooked(model, corrupted_doc, capture=[output, mixer, *windows],
                              state=(state, p, None) if has_state else None)  # fmt: skip
-        _, patched = _hooked(model, base, replace={sender: _at(p, sent)},
+        _, patched = _hooked(model, corrupted_doc, replace={sender: _at(p, sent)},
                              capture=[mixer, *windows],
                              state=(state, p, None) if has_state else None)  # fmt: skip
         freeze = {output: _at(p, corrupt[output][0, p])}
@@ -204,15 +204,17 @@ def _route_loop(model, batch, corrupted, layer, label, route, receiver=None):
         elif route == "state":
             replace, st = freeze, (state, p, patched[state])
         elif route == "residual":
-            keep = [t for t in range(base.shape[1]) if t != p]
+            keep = [t for t in range(length) if t != p]
             replace = {sender: _at(p, sent), mixer: _columns(p, corrupt[mixer], keep)}
         else:
             replace = dict(freeze)
             for site in windows:
-                replace[site] = _columns(p, patched[site], list(range(p + 1, base.shape[1])))
-        logits, seen = _hooked(model, base, replace=replace, state=st,
+                replace[site] = _columns(p, patched[site], list(range(p + 1, length)))
+        logits, seen = _hooked(model, corrupted_doc, replace=replace, state=st,
                                capture=[receiver] if receiver else [])  # fmt: skip
         if receiver is not None:
-            logits, _ = _hooked(model, base, replace={receiver: _at(q, seen[receiver][0, q])})
+            logits, _ = _hooked(
+                model, corrupted_doc, replace={receiver: _at(q, seen[receiver][0, q])}
+            )
         out.append(F.softmax(logits[0, q].float(), -1)[answer].item())
     return np.array(out)

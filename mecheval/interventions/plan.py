@@ -63,7 +63,7 @@ def select_sites(model, layers=None, sites=None) -> list[SiteRef]:
 # at once at the study's vocabulary); fewer when a patched forward holds fewer rows.
 METRIC_ROWS = 256
 # One part in this many of the memory budget is left to what the plan does not count: the
-# allocator's slack, the base run's reads that make its contexts, the tables of results (a
+# allocator's slack, the reads of the run patched that make its contexts, the tables of results (a
 # GPT-2-small-sized grid at 128 MiB peaked 1.5% over it without this: docs/pretrained.md).
 UNCOUNTED = 8
 # Floats one position of one row holds in a forward, in units of d_model: a generous bound on
@@ -135,7 +135,8 @@ def query_reach(model) -> dict[str, int]:
 
 
 def base_reads(refs) -> list[str]:
-    """The base run's sites the grid's patched runs restart from (run_plan reads them at every
+    """The sites of the unpatched run of the patched documents (the corrupted run in the
+    interchange grid) that the grid's patched runs restart from (run_plan reads them at every
     position): the residual stream entering each site's block, a block's output for the sites
     after its mixer (their cells restart at the next block), its mixer's output for those
     after its MLP's input."""
@@ -187,7 +188,7 @@ def only_difference(
     positions: torch.Tensor, tokens: torch.Tensor, corrupted: torch.Tensor, example: torch.Tensor
 ) -> torch.Tensor:
     """Cells at the one position where their document and its corruption differ (patching the
-    first block's input there gives the corrupted run the original document's input)."""
+    first block's input there gives the corrupted run the clean document's input)."""
     differs = tokens != corrupted
     return (differs.sum(1) == 1)[example] & differs[example, positions]
 
@@ -229,27 +230,29 @@ class GridMemory:
     chunks of patched rows the plan sizes to fit what is left of the budget.
 
     Attributes:
-        sources: the clean run's value at every site of the grid at each cell's position, held
+        clean: the clean run's value at every site of the grid at each cell's position, held
             through the grid (P n rows, each its site's width).
-        base: the base run's reads at every position that patched runs restart from
+        corrupted: the corrupted run's reads at every position that patched runs restart from
             (`base_reads`: n x needed x d_model each), held through the grid.
-        contexts: the base run's mixer contexts at the resume points, and the gathered ones
-            run_plan keeps for its chunks (at most a quarter of the budget): 0 without points.
-        clean_run: the peak of the clean run, before the base run: its reads of every site at
-            every position, its activations, and `sources`.
+        contexts: the corrupted run's mixer contexts at the resume points, and the gathered
+            ones run_plan keeps for its chunks (at most a quarter of the budget): 0 without
+            points.
+        clean_run: the peak of the clean run, before the corrupted run: its reads of every
+            site at every position, its activations, and `clean`.
         per_row: one stacked row of a patched forward (`_bytes_per_row`).
     """
 
-    sources: int
-    base: int
+    clean: int
+    corrupted: int
     contexts: int
     clean_run: int
     per_row: int
 
     @property
     def held(self) -> int:
-        """What every patched forward runs beside: sources, base reads and contexts."""
-        return self.sources + self.base + self.contexts
+        """What every patched forward runs beside: the clean run's values, the corrupted
+        run's reads and contexts."""
+        return self.clean + self.corrupted + self.contexts
 
     @property
     def floor(self) -> int:
@@ -261,24 +264,24 @@ class GridMemory:
 def _held_memory(
     model, refs, batch: Batch, labels: int, needed: int, budget: int
 ) -> tuple[int, int, int]:
-    """(sources, base, clean_run) bytes of GridMemory for `labels` positions per document."""
+    """(clean, corrupted, clean_run) bytes of GridMemory for `labels` positions per document."""
     n, length = batch.tokens.shape
     widths = site_widths(model, refs, batch.tokens)
     states = [r.name for r in refs if r.short == "state"]
-    sources = 4 * labels * n * sum(widths.values())
-    base = 4 * n * needed * model.config.d_model * len(base_reads(refs))
+    clean = 4 * labels * n * sum(widths.values())
+    corrupted = 4 * n * needed * model.config.d_model * len(base_reads(refs))
     ordinary = sum(w for name, w in widths.items() if name not in states)
     # The clean run records its ordinary sites at every position of a block of documents, and
-    # a block's scan may form every state of one layer (grid.py's _sources).
+    # a block's scan may form every state of one layer (grid.py's _clean_values).
     block = clean_run_block(model, n, length, labels, budget) if states else n
-    clean_run = sources + 4 * block * length * ordinary + block * _bytes_per_row(model, length)
+    clean_run = clean + 4 * block * length * ordinary + block * _bytes_per_row(model, length)
     if states:
         clean_run += 4 * block * length * max(model.layer_state_sizes(length))
-    return sources, base, clean_run
+    return clean, corrupted, clean_run
 
 
 def clean_run_block(model, n: int, length: int, labels: int, budget: int) -> int:
-    """Documents per pass of a grid's clean run that reads the state sources at each row's
+    """Documents per pass of a grid's clean run that reads the states at each row's
     `labels` patched positions: as many as keep the states read, and every state of one
     layer's scan over them (a scan may form them all), within half the budget; at least 1."""
     sizes = model.layer_state_sizes(length)
@@ -371,7 +374,7 @@ def _copies(ref: SiteRef, runs: dict, alike: list, before_query, same) -> tuple:
     if ref.short == "block_output" and next_input in runs:  # the same tensor
         return runs[ref.name] & runs[next_input], next_input
     # The first block's input (its residual) is token-local: where the documents hold the
-    # same token, the patched mixer output makes the block's output the original's there.
+    # same token, the patched mixer output makes the block's output the clean run's there.
     output = "layers.0.block_output"
     if ref.name == "layers.0.mixer_output" and output in runs:
         return runs[ref.name] & runs[output] & same, output
@@ -406,10 +409,11 @@ def plan_grid(
     example = torch.arange(n, device=device).repeat(len(labels))
     needed = int(query.max()) + 1  # positions after the last query reach no query
     refs = select_sites(model, layers, sites)
-    sources, base, clean_run = _held_memory(model, refs, batch, len(labels), needed, memory_budget)
+    held = _held_memory(model, refs, batch, len(labels), needed, memory_budget)
+    clean_values, corrupted_reads, clean_run = held
     points = []
     if model.can_resume(0):  # contexts kept at the points within half of what is left
-        left = memory_budget - memory_budget // UNCOUNTED - sources - base
+        left = memory_budget - memory_budget // UNCOUNTED - clean_values - corrupted_reads
         points = _resume_points(model, all_positions, needed, n, left)
     reach = query_reach(model)
     identity = same = restores = torch.zeros_like(all_positions, dtype=torch.bool)
@@ -449,7 +453,8 @@ def plan_grid(
         plans.append(SiteCells(ref, first, live, starts, copied, restored, copy_from))
     contexts = sum(4 * n * model.context_size(p) for p in points)
     contexts += memory_budget // 4 if points else 0  # (run_plan's gathered contexts)
-    memory = GridMemory(sources, base, contexts, clean_run, _bytes_per_row(model, needed))
+    per_row = _bytes_per_row(model, needed)
+    memory = GridMemory(clean_values, corrupted_reads, contexts, clean_run, per_row)
     chunk = max(1, (memory_budget - memory_budget // UNCOUNTED - memory.held) // memory.per_row)
     metric_rows = min(METRIC_ROWS, chunk)
     return GridPlan(

@@ -42,7 +42,7 @@ Declarations:
                     `context_from(values, point, index)` (the context a run of [0, point)
                     leaves); values of a "state" site are the states after the positions just
                     before the resume points, `index` the point's place among them. The grid
-                    then takes its contexts from one base run instead of a run in segments.
+                    then takes its contexts from one run instead of a run in segments.
     conv_sites      sites holding a short convolution's output ((B, L, C)): the evaluation
                     reads the association out of them at the value and the two positions
                     after it (the report's "Inside the short convs"); the grid uses nothing.

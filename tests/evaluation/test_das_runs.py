@@ -104,10 +104,10 @@ def test_the_bases_are_saved_and_patching_with_them_gives_the_table(runs, capsys
     with torch.no_grad():
         with model.intervene(reads={name: value}) as clean:
             model(batch.tokens[held])
-        with model.intervene(reads={name: value}) as base:
+        with model.intervene(reads={name: value}) as corrupted_reads:
             model(corrupted[held])
         R = bases[bases_key("key", name, "value", 2)]
-        patched = base[name] + (clean[name] - base[name]) @ R @ R.T
+        patched = corrupted_reads[name] + (clean[name] - corrupted_reads[name]) @ R @ R.T
         with model.intervene(patches={name: (value, patched)}):
             logits = model(corrupted[held])
     at = logits[torch.arange(len(held)), batch.positions["query"][held]]

@@ -133,7 +133,7 @@ def test_the_last_blocks_runs_without_its_recurrence_equal_the_full_runs(arch):
 def test_rows_whose_swap_cannot_change_the_query_are_not_live():
     """A swap is the identity where the documents' activations agree (the first block's input
     where they hold the same token), and cannot reach the query from the state after it or
-    from after the last block's mixer anywhere but at it: those rows take the base's run."""
+    from after the last block's mixer anywhere but at it: those rows take the corrupted run's."""
     from mecheval.interventions.das_data import prepare
 
     model = _model("mamba")
@@ -155,17 +155,17 @@ def test_the_bases_stay_orthonormal_and_swap_a_subspace():
     R = bases.weight
     torch.testing.assert_close(R.mT @ R, torch.eye(2).expand(2, 2, 2), atol=1e-6, rtol=0)
     g = torch.Generator().manual_seed(0)
-    base, source = torch.randn(2, 5, 6, generator=g), torch.randn(2, 5, 6, generator=g)
-    patched = bases.swap(base, source)
-    # In the subspace the patch is the source's; orthogonal to it, the base's.
-    torch.testing.assert_close(patched @ R, source @ R, atol=1e-5, rtol=0)
+    corrupted, clean = torch.randn(2, 5, 6, generator=g), torch.randn(2, 5, 6, generator=g)
+    patched = bases.swap(corrupted, clean)
+    # In the subspace the patch is the clean run's; orthogonal to it, the corrupted run's.
+    torch.testing.assert_close(patched @ R, clean @ R, atol=1e-5, rtol=0)
     rest = torch.eye(6) - R @ R.mT
-    torch.testing.assert_close(patched @ rest, base @ rest, atol=1e-5, rtol=0)
+    torch.testing.assert_close(patched @ rest, corrupted @ rest, atol=1e-5, rtol=0)
 
 
 def test_pyvenes_rotated_space_intervention_gives_the_same_patched_logits():
     """pyvene's low-rank rotated-space intervention, with our trained R as its rotation and
-    hooked onto the site in a full forward of the base documents, gives the logits at the
+    hooked onto the site in a full forward of the corrupted documents, gives the logits at the
     query that our batched run (from the site's block, read out at the query) gives."""
     pyvene = pytest.importorskip("pyvene")
     from mecheval.interventions.das import _SiteGroup
@@ -186,11 +186,11 @@ def test_pyvenes_rotated_space_intervention_gives_the_same_patched_logits():
     theirs.rotate_layer.weight = group.bases["3"].weight[0].detach().clone()
     site = data[name]
     rows, where = torch.arange(len(held)), site.positions["value"][held]
-    source = site.source["value"][held]
+    clean = site.clean["value"][held]
 
     def swap(module, inputs, output):
         patched = output.clone()
-        patched[rows, where] = theirs(output[rows, where], source)
+        patched[rows, where] = theirs(output[rows, where], clean)
         return patched
 
     handle = model.site(name).register_forward_hook(swap)

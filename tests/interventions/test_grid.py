@@ -88,7 +88,7 @@ def test_chunking_changes_nothing():
 
 
 def test_patching_with_the_corrupted_run_itself_restores_nothing():
-    """Source == base: every patch is a no-op, so p_restored == p_corrupted everywhere."""
+    """Clean == corrupted: every patch is a no-op, so p_restored == p_corrupted everywhere."""
     model = _model("attention", trained_scale=8.0)
     batch, corrupted = _data()
     same = type(batch)(corrupted, batch.answers, batch.positions, batch.lengths)
@@ -171,22 +171,22 @@ def test_attribution_patching_estimates_and_ranks_cells():
     assert len(after) > 0
     np.testing.assert_allclose(after["p_restored"], after["p_corrupted"], atol=1e-6)
     np.testing.assert_allclose(after["p_restored_est"], after["p_corrupted"], atol=1e-7)
-    # The estimate is (a_src - a_base) . d p_answer / d a_base: recompute it for layer 1's
-    # block input through forward_from and plain autograd.
+    # The estimate is (a_clean - a_corrupted) . d p_answer / d a_corrupted: recompute it for
+    # layer 1's block input through forward_from and plain autograd.
     import torch.nn.functional as F
 
     rows = torch.arange(len(batch))
     with torch.no_grad():
         with model.intervene(reads={"layers.1.block_input": None}) as record:
             model(batch.tokens)
-        a_src = record["layers.1.block_input"]
+        a_clean = record["layers.1.block_input"]
         with model.intervene(reads={"layers.1.block_input": None}) as record:
             model(corrupted)
-        a_base = record["layers.1.block_input"].clone().requires_grad_()
-    p = F.softmax(model.forward_from(1, a_base, at=batch.positions["query"]), -1)
+        a_corrupted = record["layers.1.block_input"].clone().requires_grad_()
+    p = F.softmax(model.forward_from(1, a_corrupted, at=batch.positions["query"]), -1)
     p[rows, batch.answers].sum().backward()
     key = batch.positions["key"]
-    expected = ((a_src - a_base.detach()) * a_base.grad)[rows, key].sum(-1)
+    expected = ((a_clean - a_corrupted.detach()) * a_corrupted.grad)[rows, key].sum(-1)
     cell = merged[
         (merged["layer"] == 1) & (merged["site"] == "block_input") & (merged["position"] == "key")
     ]
