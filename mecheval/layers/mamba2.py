@@ -189,7 +189,7 @@ class Mamba2(MambaBase):
             torch.ones(self.d_inner if self.D_has_hdim else self.nheads, device=device)
         )
 
-    # Contexts come from a run in segments: a pass that also reads the states at every
+    # Contexts come from a base run in segments: a pass that also reads the states at every
     # resume point measured slower (the named grid 1.9 -> 2.4 CPU s, benchmarks/grid_speedups.py
     # setup, one thread).
     context_sites = None

@@ -79,7 +79,7 @@ class Mamba3(Mixer):
     local_sites = ("in_proj_output", "x", "B", "C", "z")
     reach_site = "in_proj_output"  # the mixer's input is read by in_proj alone
     readout_sites = {"C": 1, "z": 1}  # queries and gate act at their own position
-    # Contexts come from a run in segments: reading in_proj_output and the states in one
+    # Contexts come from a base run in segments: reading in_proj_output and the states in one
     # pass measured slower (the named grid 4.8 -> 5.5 CPU s, benchmarks/grid_speedups.py).
     context_sites = None
 

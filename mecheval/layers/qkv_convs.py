@@ -23,7 +23,7 @@ class ShortConvQKV(RecurrentMixer):
 
     use_beta: bool = True
 
-    # Contexts come from a run in segments: reading the states at the resume points in one
+    # Contexts come from a base run in segments: reading the states at the resume points in one
     # pass costs more than the segments (DeltaNet's named grid 4.64 -> 5.01 s, Gated DeltaNet
     # 5.76 -> 6.00 s, benchmarks/grid_speedups.py setup, one thread).
     context_sites = None

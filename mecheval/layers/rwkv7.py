@@ -101,7 +101,7 @@ class RWKV7(RecurrentMixer):
     window_sites = {name: 2 for name in PROJECTIONS}
     readout_sites = {"r": 1, "g": 1}
     reach_site = "shift_input"
-    # Contexts come from a run in segments, as the delta rules' do.
+    # Contexts come from a base run in segments, as the delta rules' do.
     context_sites = None
 
     def __init__(
