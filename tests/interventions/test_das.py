@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 from mecheval.interventions import interchange_grid
 from mecheval.interventions.das import Bases, DasSettings, das
-from mecheval.interventions.das_loop import das_loop
 from mecheval.models import build_model
 from mecheval.tasks import make_task
 
@@ -36,39 +35,6 @@ def _data(n: int = 10):
 
 
 KEYS = ["example", "layer", "site", "position", "k"]
-
-
-@pytest.mark.parametrize(
-    "arch, sites",
-    [
-        ("attention", ["block_input", "mixer_output", "mlp_input", "block_output"]),
-        ("mamba", ["conv_output", "state", "mixer_output"]),
-        ("deltanet", ["block_input", "state", "mlp_output"]),
-    ],
-)
-def test_the_batched_run_equals_each_combination_alone(arch, sites):
-    model = _model(arch)
-    batch, corrupted = _data()
-    where = dict(sites=sites, positions=["key", "value"], dims=[1, 3])
-    fast, bases = das(model, batch, corrupted, settings=SETTINGS, **where)
-    slow, alone = das_loop(model, batch, corrupted, settings=SETTINGS, **where)
-    assert len(fast) == len(slow) > 0
-    # The same bases, learned together and alone: one per (site, position, k < width),
-    # orthonormal, and spanning the same subspace (R R^T equal).
-    learned = fast[(fast["k"] > 0) & (fast["k"] < fast["width"])]
-    combos = learned[["layer", "site", "position", "k", "width"]].drop_duplicates()
-    keys = {f"layers.{c.layer}.{c.site}/{c.position}/{c.k}" for c in combos.itertuples()}
-    assert set(bases) == set(alone) == keys
-    for key, R in bases.items():
-        width, k = R.shape
-        assert k == int(key.split("/")[-1]) and R.dtype == torch.float32
-        torch.testing.assert_close(R.T @ R, torch.eye(k), atol=1e-5, rtol=0)
-        torch.testing.assert_close(R @ R.T, alone[key] @ alone[key].T, atol=1e-4, rtol=1e-3)
-    merged = fast.merge(slow, on=KEYS, suffixes=("", "_loop"), validate="one_to_one")
-    assert len(merged) == len(fast)
-    np.testing.assert_allclose(merged["p_target"], merged["p_target_loop"], atol=1e-4, rtol=1e-3)
-    assert (merged["correct"] == merged["correct_loop"]).all()
-    assert set(fast["k"]) == {0, 1, 3, *fast["width"]}  # no swap and the full swap always there
 
 
 def test_the_full_swap_and_no_swap_are_the_grids_patched_and_corrupted_runs():
@@ -98,56 +64,6 @@ RECURRENT = [
     "gated_deltanet",
     "gated_deltanet_noconv",
 ]
-
-
-@pytest.mark.parametrize("arch", RECURRENT)
-def test_the_last_blocks_runs_without_its_recurrence_equal_the_full_runs(arch):
-    """A state site of the last block and the sites whose patches enter it (its block input, a
-    site after the previous block's mixer), run through the readout of the last block's scan,
-    give the head input that the run from their block on gives, at every k."""
-    from mecheval.interventions.das import _SiteGroup
-    from mecheval.interventions.das_data import prepare
-    from mecheval.interventions.das_last_block import last_blocks
-
-    model = _model(arch)
-    batch, corrupted = _data()
-    sites = ["block_input", "state", "mixer_output", "block_output"]
-    positions = ["key", "value", "value+1", "query", "0"]
-    data, combos, _, query, _, held = prepare(
-        model, batch, corrupted, sites, positions, [1, 3], None, SETTINGS.holdout
-    )
-    shortcuts = last_blocks(model, data, query)
-    last = len(model.layers) - 1
-    expected = {f"layers.{last}.block_input", f"layers.{last}.state"}
-    expected |= {f"layers.{last - 1}.mixer_output", f"layers.{last - 1}.block_output"}
-    assert set(shortcuts) == expected
-    for name, shortcut in shortcuts.items():
-        full = _SiteGroup(data[name], combos[name], seed=SETTINGS.seed)
-        fast = _SiteGroup(data[name], combos[name], seed=SETTINGS.seed, last=shortcut)
-        with torch.no_grad():
-            expected_hidden, _ = full._patched(model, held, query)
-            got, _ = fast._patched(model, held, query)
-        torch.testing.assert_close(got, expected_hidden, atol=2e-5, rtol=1e-4, msg=name)
-
-
-def test_rows_whose_swap_cannot_change_the_query_are_not_live():
-    """A swap is the identity where the documents' activations agree (the first block's input
-    where they hold the same token), and cannot reach the query from the state after it or
-    from after the last block's mixer anywhere but at it: those rows take the corrupted run's."""
-    from mecheval.interventions.das_data import prepare
-
-    model = _model("mamba")
-    batch, corrupted = _data()
-    sites = ["block_input", "state", "mixer_output"]
-    data, *_ = prepare(
-        model, batch, corrupted, sites, ["key", "value", "query"], [1], None, SETTINGS.holdout
-    )
-    live = {name: {label: bool(m.any()) for label, m in d.live.items()} for name, d in data.items()}
-    assert live["layers.0.block_input"] == {"key": True, "value": False, "query": False}
-    assert live["layers.1.mixer_output"] == {"key": False, "value": False, "query": True}
-    for name in ("layers.0.state", "layers.1.state"):
-        assert live[name] == {"key": True, "value": True, "query": False}
-    assert data["layers.0.block_input"].live["key"].all()
 
 
 def test_the_bases_stay_orthonormal_and_swap_a_subspace():
