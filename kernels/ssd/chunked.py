@@ -248,10 +248,10 @@ def _states_after(states_at, Q, a, xdt, B_c, from_start, entering) -> torch.Tens
     at least half the positions up to the last one asked for are asked for, and without
     gradients, the recurrence state_t = exp(a_t) state_{t-1} + dt_t x_t B_t^T, stepped in place,
     costs less (`_states_stepped`)."""
-    dense = 2 * states_at.shape[1] >= int(states_at.max()) + 1
+    last = int(states_at.max()) + 1
     grads = torch.is_grad_enabled() and any(t.requires_grad for t in (a, xdt, B_c, entering))
-    if dense and not grads:
-        return _states_stepped(states_at, a, xdt, B_c, entering[:, 0])
+    if 2 * states_at.shape[1] >= last and not grads:
+        return _states_stepped(states_at, last, a, xdt, B_c, entering[:, 0])
     rows = torch.arange(states_at.shape[0], device=states_at.device)[:, None]
     c, l = states_at // Q, states_at % Q
     decays = torch.exp(_segment_rows(_chunk_of(a, c), l[..., None, None]))  # (B, K, G, R, Q)
@@ -261,11 +261,10 @@ def _states_after(states_at, Q, a, xdt, B_c, from_start, entering) -> torch.Tens
     return from_start[rows, c, :, :, l][..., None, None] * _chunk_of(entering, c) + inside
 
 
-def _states_stepped(states_at, a, xdt, B_c, initial) -> torch.Tensor:
-    """`_states_after` by the recurrence over positions 0 .. T - 1 from `initial`, T the last
-    position asked for plus one, each state written into its slot of the result."""
+def _states_stepped(states_at, last, a, xdt, B_c, initial) -> torch.Tensor:
+    """`_states_after` by the recurrence over positions 0 .. last - 1 (the last position asked
+    for plus one) from `initial`, each state written into its slot of the result."""
     batch, chunks, Q = xdt.shape[:3]
-    last = int(states_at.max()) + 1
     a = a.permute(0, 1, 4, 2, 3).reshape(batch, chunks * Q, *a.shape[2:4])[:, :last]
     xdt = xdt.reshape(batch, chunks * Q, *xdt.shape[3:])[:, :last]  # (B, T, G, R, P)
     keys = B_c.reshape(batch, chunks * Q, *B_c.shape[3:])[:, :last]  # (B, T, G, N)
