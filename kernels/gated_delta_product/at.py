@@ -29,5 +29,5 @@ def at_positions_of_gated_delta_product(arguments: dict, asked: Asked) -> ScanAt
         shape = (B, *arguments["q"].shape[2:], arguments["v"].shape[-1])  # (B, H, K, V)
         positions, values = check_state_patch(OP.public, patch, shape, T, device)
         patch = (last(positions), values)
-    result = scan_at(OP, call.args, call.backend, read, one, patch)
+    result = scan_at(OP, call.args, call.backend, Asked(read, one, patch))
     return result if one is not None else result._replace(out=result.out[:, n - 1 :: n])
