@@ -125,11 +125,11 @@ def scan_at_by_jump(
         step: fields replaced in each of those one-step calls (a kernel hint), or None.
     """
     batch, length, heads, K = a.q.shape
-    public, device = op.public, a.q.device
+    public, device, step = op.public, a.q.device, step or {}
     read, one = asked.states_at, asked.out_at
     read = None if read is None else check_positions(public, read, batch, length, device)
     one = None if one is None else one_per_row(public, "out_at", one, batch, length, device)
-    run = functools.partial(_unpatched, op, a, backend, timed, step or {})
+    run = functools.partial(_unpatched, op, a, backend, timed, step)
     if asked.state_patch is None:
         return run(read, one, a.output_final_state)
     shape = (batch, heads, K, a.v.shape[-1])
@@ -137,7 +137,7 @@ def scan_at_by_jump(
 
     def jump(start, after, read, one, final) -> ScanAt:
         fields = dict(held(a, after), v=torch.zeros_like(a.v), initial_state=start)
-        return _unpatched(op, a._replace(**fields), backend, timed, step or {}, read, one, final)
+        return _unpatched(op, a._replace(**fields), backend, timed, step, read, one, final)
 
     return patch_by_jump(
         run, jump, positions, values, read, one, a.output_final_state, length, time_dim=1
