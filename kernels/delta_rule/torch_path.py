@@ -16,15 +16,17 @@ so only U and S' are left to the sequential loop over chunks (T / C steps of mat
 T steps of matrix-vector products); O is one batched matmul over all chunks afterwards.
 
 With a decay per key channel (KDA) G_i, e_i, w_i are (K,) vectors, diag(e) X means X's rows
-scaled channel by channel, and Gamma[i, j] is a (K,) vector too: the products with it become
-sums over K of q_i k_j Gamma[i, j] (formed as (C, C, K) tensors, so its chunks are shorter,
-`KEY_CHUNK_SIZE`), and e_C S scales S's rows. Comba recalls with p before the step's decay: in
-L and R, Kb becomes Pb = diag(beta) P, Gamma[i, j] becomes exp(G_{i-1} - G_j) and e_i becomes
-exp(G_{i-1}) (`Decays.gamma_r`, `e_r`). Without
-a gate (the delta rule) every decay is 1 and Gamma the lower triangle of ones: the products
-with them are skipped (`Decays` is None). Differences of G are never formed: they are the
-segment sums g_{j+1} + ... + g_i, summed directly (a masked cumulative sum), because with large
-decays (|G| ~ 1e4) G_i - G_j in float32 loses every digit; and with g <= 0 no exp of a positive
+scaled channel by channel, and Gamma[i, j] is a (K,) vector too. While every chunk's decays are
+moderate (no channel's total below -SAFE_DECAY) Gamma[i, j] is exp(G_i) exp(-G_j) and the
+products with it are matmuls of rows scaled by those two factors (`Factored`); otherwise they
+are sums over K of q_i k_j Gamma[i, j], formed as (C, C, K) tensors (hence KDA's shorter
+chunks, `KEY_CHUNK_SIZE`). e_C S scales S's rows. Comba recalls with p before the step's decay:
+in L and R, Kb becomes Pb = diag(beta) P, Gamma[i, j] becomes exp(G_{i-1} - G_j) and e_i
+becomes exp(G_{i-1}) (`Decays.gamma_r`, `e_r`). Without a gate (the delta rule) every decay is
+1 and Gamma the lower triangle of ones: the products with them are skipped (`Decays` is None).
+Outside the factored form, differences of G are never formed: they are the segment sums
+g_{j+1} + ... + g_i, summed directly (a masked cumulative sum), because with large decays
+(|G| ~ 1e4) G_i - G_j in float32 loses every digit; and with g <= 0 no exp of a positive
 number is taken. The sequence is zero-padded to a multiple of C (padded steps have k = 0,
 beta = 0 and g = 0: they leave the state alone).
 
@@ -57,6 +59,10 @@ CHUNK_SIZE = 64
 # at the study's model (B32 T37 H1 K=V=64, one thread) chunks of 8 / 16 / 32 steps took 18 /
 # 34 / 126 ms forward+backward, at B1 T512 H4 K=V=128 92 / 120 / 211 ms.
 KEY_CHUNK_SIZE = 8
+# The largest total log decay of a chunk for which a per-channel Gamma is formed from two factors
+# (as Mamba-3's path does): exp(30) is far from float32's overflow, and the rounding of G
+# (|G| * 6e-8) costs at most ~2e-6 relative per factor.
+SAFE_DECAY = 30.0
 # Up to this many positions per row, their states are formed one by one (a masked matmul
 # each); more, and every state of the sequence is formed (a running sum) and picked from.
 FEW_POSITIONS = 4
@@ -127,6 +133,21 @@ def _chunked_inputs(a: DeltaArgs) -> Chunks:
     return Chunks(cut(a.q) * a.scale, cut(a.k), cut(a.v), cut(a.beta.unsqueeze(-1)), g, cut(a.p))
 
 
+class Factored(NamedTuple):
+    """A per-channel Gamma[i, j] = exp(G_i) exp(-G_j) for j <= i (j < i when `strict`), kept as
+    its two factors (n, B, H, C, K)."""
+
+    e: torch.Tensor  # exp(G)
+    inv: torch.Tensor  # exp(-G)
+    strict: bool
+
+    def dense(self) -> torch.Tensor:
+        """Gamma as a (n, B, H, C, C, K) tensor, zero above the diagonal (on it when strict)."""
+        C = self.e.shape[-2]
+        mask = torch.ones(C, C, dtype=torch.bool, device=self.e.device).tril(-int(self.strict))
+        return self.e[..., :, None, :] * self.inv[..., None, :, :] * mask[:, :, None]
+
+
 class Decays(NamedTuple):
     """A chunk's decays from its log decays g (see the module docstring); the last axis is 1 for
     a decay per head, K for one per key channel (Gamma then (n, B, H, C, C, K))."""
@@ -134,9 +155,12 @@ class Decays(NamedTuple):
     e: torch.Tensor  # (n, B, H, C, 1 or K) exp(G)
     w: torch.Tensor  # (n, B, H, C, 1 or K) exp(G_C - G)
     last: torch.Tensor  # (n, B, H, 1 or K, 1) e_C, scaling S's rows
-    gamma: torch.Tensor  # (n, B, H, C, C[, K]) Gamma, zero above the diagonal
+    gamma: torch.Tensor | Factored  # (n, B, H, C, C[, K]) Gamma, zero above the diagonal
     e_r: torch.Tensor  # the decays of the recalls: e, or Comba's exp(G_{i-1})
-    gamma_r: torch.Tensor  # Gamma of the recalls: strictly lower; Comba's exp(G_{i-1} - G_j)
+    gamma_r: torch.Tensor | Factored  # of the recalls: strictly lower; Comba's exp(G_{i-1} - G_j)
+
+    def dense_gamma(self) -> torch.Tensor:
+        return self.gamma.dense() if isinstance(self.gamma, Factored) else self.gamma
 
 
 def _decays(g: torch.Tensor | None, recall_first: bool = False) -> Decays | None:
@@ -145,6 +169,10 @@ def _decays(g: torch.Tensor | None, recall_first: bool = False) -> Decays | None
     if g is None:
         return None
     C, per_key = g.shape[3], g.shape[-1] > 1
+    if per_key and not recall_first:
+        G = g.cumsum(3)
+        if bool((G[..., -1, :] >= -SAFE_DECAY).all()):
+            return _factored(g, G)
     ones = torch.ones(C, C, dtype=torch.bool, device=g.device)
     lower, strict = (ones.tril(), ones.tril(-1)) if not per_key else (
         ones.tril()[:, :, None], ones.tril(-1)[:, :, None])  # fmt: skip
@@ -164,11 +192,22 @@ def _decays(g: torch.Tensor | None, recall_first: bool = False) -> Decays | None
     return Decays(e, w.exp(), last, gamma, e_r, gamma_r)
 
 
+def _factored(g: torch.Tensor, G: torch.Tensor) -> Decays:
+    """Per-channel decays with Gamma as two factors (moderate decays: see SAFE_DECAY)."""
+    e, inv = G.exp(), (-G).exp()
+    after = g.flip(3).cumsum(3).flip(3)  # g_j + ... + g_C, summed directly
+    w = F.pad(after[..., 1:, :], (0, 0, 0, 1)).exp()  # exp(g_{j+1} + ... + g_C)
+    last = e[..., -1, :].unsqueeze(-1)
+    return Decays(e, w, last, Factored(e, inv, False), e, Factored(e, inv, True))
+
+
 def _pairs(a: torch.Tensor, b: torch.Tensor, gamma: torch.Tensor | None) -> torch.Tensor:
     """sum_d a_id b_jd Gamma[i, j](d), (.., C, C): a @ b^T times Gamma (per channel when Gamma
     has one)."""
     if gamma is None:
         return a @ b.transpose(-1, -2)
+    if isinstance(gamma, Factored):
+        return ((a * gamma.e) @ (b * gamma.inv).transpose(-1, -2)).tril(-int(gamma.strict))
     if gamma.dim() == a.dim():
         return (a @ b.transpose(-1, -2)) * gamma
     # Per channel: row i is (Gamma[i] * b) a_i, a batch of (C, K) x (K, 1) products.
@@ -177,7 +216,12 @@ def _pairs(a: torch.Tensor, b: torch.Tensor, gamma: torch.Tensor | None) -> torc
 
 def _mix(m: torch.Tensor, x: torch.Tensor, gamma, transposed: bool = False) -> torch.Tensor:
     """sum_j m_ij Gamma[i, j] x_j, or (`transposed`) sum_i m_ij Gamma[i, j] x_i, (.., C, D):
-    m @ x through Gamma (per channel when Gamma has one; None: m as it is)."""
+    m @ x through Gamma (per channel when Gamma has one; None: m as it is). A factored Gamma
+    takes m zero where Gamma is (as the backward's are)."""
+    if isinstance(gamma, Factored):
+        if transposed:
+            return gamma.inv * (m.transpose(-1, -2) @ (gamma.e * x))
+        return gamma.e * (m @ (gamma.inv * x))
     if gamma is None or gamma.dim() == m.dim():
         mg = m if gamma is None else m * gamma
         return (mg.transpose(-1, -2) if transposed else mg) @ x
@@ -311,7 +355,7 @@ def forward_out_at(args: DeltaArgs, at: torch.Tensor) -> tuple[torch.Tensor, ...
         later = torch.arange(chunk, device=at.device) > j[:, None]  # (B, C): written after t
         scores = scores.masked_fill(later[:, None, None, :], 0.0)
     else:  # Gamma's row j, (B, H, 1, C[, K])
-        scores = _pairs(q_at, pick(p.x.k), row_j(p.decays.gamma))
+        scores = _pairs(q_at, pick(p.x.k), row_j(p.decays.dense_gamma()))
     o = scores @ pick(p.u)  # (B, H, 1, V)
     h = _stacked(p.h)
     if h is not None:
@@ -363,7 +407,7 @@ def _states_one_by_one(p: _Pass, at: torch.Tensor) -> torch.Tensor:
         weights = (torch.arange(chunk, device=at.device) <= j[..., None])[:, :, None].to(h.dtype)
         start = h[c, rows]
     else:  # (B, P, H, C[, K]): Gamma[j, i], zero for i > j
-        weights = p.decays.gamma[c, rows, :, j]
+        weights = p.decays.dense_gamma()[c, rows, :, j]
         start = p.decays.e[c, rows, :, j][..., None] * h[c, rows]  # e: (B, P, H, 1 or K, 1)
     per_key = weights.dim() == 5
     keys = p.x.k[c, rows] * (weights if per_key else weights[..., None])  # (B, P, H, C, K)

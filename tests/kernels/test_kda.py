@@ -100,9 +100,18 @@ CASES = [
 CASE_IDS = [f"B{c[0]}-T{c[1]}-H{c[2]}-K{c[3]}-V{c[4]}" for c in CASES]
 
 
+def _gamma_form(monkeypatch, form: str) -> None:
+    """Gamma from two factors (the moderate decays of these tests) or, `exact`, from segment
+    sums whatever the decays."""
+    if form == "exact":
+        monkeypatch.setattr(torch_path, "SAFE_DECAY", -1.0)
+
+
+@pytest.mark.parametrize("form", ["factored", "exact"])
 @pytest.mark.parametrize("B,T,H,K,V,init,final_grad,l2norm", CASES, ids=CASE_IDS)
-def test_torch_path_matches_reference(monkeypatch, B, T, H, K, V, init, final_grad, l2norm):
+def test_torch_path_matches_reference(monkeypatch, form, B, T, H, K, V, init, final_grad, l2norm):
     monkeypatch.setattr(torch_path, "KEY_CHUNK_SIZE", 5)  # several ragged chunks
+    _gamma_form(monkeypatch, form)
     inputs = _inputs(B, T, H, K, V, torch.float32, init=init, seed=T)
     _check_against_reference(inputs, torch.float32, "torch", final_grad, l2norm)
 
@@ -192,6 +201,20 @@ def test_beta_logits_and_state_layout():
     assert relative_error(final, final_ref.transpose(-1, -2)) < 1e-12
 
 
+def test_factored_gamma_at_its_limit_is_accurate():
+    """Chunks whose total decay sits just inside SAFE_DECAY (the factors reach exp(+-29)): the
+    PyTorch path in float32 within 1e-5 of the float64 reference, forward and gradients."""
+    q, k, v, g, beta, s = _inputs(2, 37, 2, 16, 16, torch.float32, init=True, seed=9)
+    g = -3.6 + 0.05 * torch.rand(g.shape, generator=torch.Generator().manual_seed(9))
+    chunks = torch_path._to_chunks(g, 8, 5)  # 37 steps in chunks as the path cuts them
+    assert -torch_path.SAFE_DECAY < chunks.sum(3).min() < -0.9 * torch_path.SAFE_DECAY
+    do = torch.randn(2, 37, 2, 16, generator=torch.Generator().manual_seed(10))
+    ours = _forward_and_grads(chunk_kda, q, k, v, g, beta, s, do, None, backend="torch")
+    ref = _forward_and_grads(kda_ref, *(t.double() for t in (q, k, v, g, beta, s, do)), None)
+    for name, a, b in zip(("o", *GRAD_NAMES), [ours[0], *ours[2]], [ref[0], *ref[2]], strict=True):
+        assert relative_error(a, b) < 1e-5, name
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_strong_and_huge_decays_stay_finite_and_exact(device, backend):
     """Channels decaying by exp(-60) a step, and steps that wipe a channel (-1e4) among slow
@@ -244,9 +267,11 @@ def test_triton_backward_is_deterministic(device):
         assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("form", ["factored", "exact"])
 @pytest.mark.parametrize("with_init", [True, False])
-def test_gradcheck_float64_torch_path(monkeypatch, with_init):
+def test_gradcheck_float64_torch_path(monkeypatch, form, with_init):
     monkeypatch.setattr(torch_path, "KEY_CHUNK_SIZE", 3)  # several chunks, a ragged last one
+    _gamma_form(monkeypatch, form)
     q, k, v, g, beta, s = _inputs(1, 7, 2, 3, 2, torch.float64, init=with_init, seed=7)
     leaves = [t.double().requires_grad_() for t in (q, k, v, g, 2 * beta)]
     leaves += [s.double().requires_grad_()] if with_init else []
