@@ -55,9 +55,10 @@ from mecheval_kernels.delta_rule.op import DeltaArgs
 # matmuls, C = ceil(T / n) (equal chunks: Gated DeltaProduct's 74 steps at the study's 37
 # tokens run as 2 chunks of 37, twice as fast as 64 + 10 padded to 128).
 CHUNK_SIZE = 64
-# With a decay per key channel, the in-chunk decays are (C, C, K) per chunk (T C K floats in all):
-# at the study's model (B32 T37 H1 K=V=64, one thread) chunks of 8 / 16 / 32 steps took 18 /
-# 34 / 126 ms forward+backward, at B1 T512 H4 K=V=128 92 / 120 / 211 ms.
+# With a decay per key channel and strong decays, the in-chunk decays are (C, C, K) per chunk
+# (T C K floats in all): at the study's model (B32 T37 H1 K=V=64, one thread) chunks of 8 / 16 /
+# 32 steps took 18 / 34 / 126 ms forward+backward; factored (moderate decays) about the same at
+# each length, which a chunk of 8 keeps below SAFE_DECAY the longest.
 KEY_CHUNK_SIZE = 8
 # The largest total log decay of a chunk for which a per-channel Gamma is formed from two factors
 # (as Mamba-3's path does): exp(30) is far from float32's overflow, and the rounding of G
